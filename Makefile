@@ -1,0 +1,41 @@
+# Two commands do all set-up on a fresh machine with Python 3.11 and make:
+#   make book   build the HTML book into _build/html
+#   make test   run every test (unit tests, nbval on every notebook, book build, browser check)
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(CURDIR)/$(VENV)/bin
+STAMP  := $(VENV)/.installed
+NOTEBOOKS := $(sort $(wildcard chapters/*.ipynb))
+# Kernels and tools must come from the virtual environment.
+export PATH := $(BIN):$(PATH)
+export PYTHONHASHSEED := 0
+
+.PHONY: book test execute bench clean distclean
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade --quiet pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+book: $(STAMP)
+	$(BIN)/jupyter-book build -W -n --keep-going .
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 --dist loadfile
+
+# Re-execute every notebook in place, top to bottom in a fresh kernel, saving outputs.
+# One notebook: make execute NOTEBOOKS=chapters/03_why_scale.ipynb
+execute: $(STAMP)
+	$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
+	    --ExecutePreprocessor.timeout=300 --ExecutePreprocessor.kernel_name=python3 $(NOTEBOOKS)
+
+bench: $(STAMP)
+	$(BIN)/python -m attnlib.bench
+
+clean:
+	rm -rf _build
+
+distclean: clean
+	rm -rf $(VENV)

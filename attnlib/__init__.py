@@ -1,0 +1,64 @@
+"""attnlib: the small PyTorch package behind *Self-Attention, Step by Step*.
+
+Functions are grouped by concept, not by chapter:
+
+* :mod:`attnlib.data` - the running example sentence and toy data sets.
+* :mod:`attnlib.functional` - softmax, weight-free attention, causal masks and
+  a readable reference of scaled dot-product attention.
+* :mod:`attnlib.attention` - the attention modules, from ``SelfAttention_v1``
+  to ``MultiHeadAttention``.
+* :mod:`attnlib.positional` - positional encodings.
+* :mod:`attnlib.experiments` - the measured experiments the chapters plot.
+* :mod:`attnlib.viz` - figures (matplotlib is imported only when drawing).
+* :mod:`attnlib.device` - picking CPU or GPU.
+* ``python -m attnlib.bench`` - timing and memory benchmark.
+
+Mask convention everywhere: a bool mask is True where a query may attend.
+"""
+
+from . import data, device, experiments, functional, positional, viz
+from .attention import (
+    CausalAttention,
+    MultiHeadAttention,
+    MultiHeadAttentionWrapper,
+    SelfAttention_v1,
+    SelfAttention_v2,
+)
+from .data import JOURNEY_TOKENS, journey_embeddings
+from .device import get_device
+from .functional import (
+    causal_mask,
+    scaled_dot_product_attention,
+    simplified_attention,
+    softmax,
+    softmax_naive,
+)
+from .source import show_source
+from .viz import plot_attention
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CausalAttention",
+    "JOURNEY_TOKENS",
+    "MultiHeadAttention",
+    "MultiHeadAttentionWrapper",
+    "SelfAttention_v1",
+    "SelfAttention_v2",
+    "causal_mask",
+    "data",
+    "device",
+    "experiments",
+    "functional",
+    "get_device",
+    "journey_embeddings",
+    "plot_attention",
+    "positional",
+    "scaled_dot_product_attention",
+    "show_source",
+    "simplified_attention",
+    "softmax",
+    "softmax_naive",
+    "viz",
+    "__version__",
+]

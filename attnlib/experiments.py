@@ -1,0 +1,1 @@
+"""Measured experiments the chapters plot (placeholder: written in a later commit)."""

@@ -1,0 +1,324 @@
+"""Attention as plain functions: softmax, weight-free attention, masks, and a
+readable reference for scaled dot-product attention.
+
+Shape legend used in every docstring here:
+
+* ``num_tokens`` (``N``): tokens in the sequence; ``num_tokens_q`` and
+  ``num_tokens_kv`` when queries and keys/values may differ in length.
+* ``d_in``: size of each input embedding.
+* ``d_k``: size of each query and key vector; ``d_v``: size of each value vector.
+* ``...``: any number of leading (batch, head) dimensions.
+
+Mask convention, the same everywhere in attnlib: a **bool mask is True where a
+query may attend** to a key, as in :func:`torch.nn.functional.scaled_dot_product_attention`.
+``torch.nn.MultiheadAttention`` uses the opposite polarity (True = masked out).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+__all__ = [
+    "softmax_naive",
+    "softmax",
+    "simplified_attention",
+    "causal_mask",
+    "scaled_dot_product_attention",
+]
+
+
+def _check_float_tensor(name: str, x: object, min_ndim: int = 1) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must have a floating-point dtype, got {x.dtype}")
+    if x.ndim < min_ndim:
+        raise ValueError(
+            f"{name} must have at least {min_ndim} dimension(s), got shape {tuple(x.shape)}"
+        )
+
+
+def _check_dim(x: torch.Tensor, dim: object) -> None:
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
+    if not -x.ndim <= dim < x.ndim:
+        raise ValueError(f"dim={dim} is out of range for a tensor with {x.ndim} dimension(s)")
+
+
+def softmax_naive(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Softmax written straight from its definition: ``exp(x) / sum(exp(x))``.
+
+    It is correct for small inputs and exists to show why nobody computes
+    softmax this way: ``exp`` overflows float32 for inputs above about 88.7,
+    giving ``inf / inf = nan``. Use :func:`softmax` instead.
+
+    Args:
+        x: floating-point tensor of any shape ``(...)``.
+        dim: the dimension whose entries are normalised to sum to 1.
+
+    Returns:
+        A tensor of the shape and dtype of ``x``.
+
+    Raises:
+        TypeError: ``x`` is not a floating-point tensor, or ``dim`` is not an int.
+        ValueError: ``dim`` is out of range for ``x``.
+
+    Source: the softmax function, e.g. Goodfellow, Bengio and Courville (2016),
+    *Deep Learning*, eq. (6.29).
+    """
+    _check_float_tensor("x", x)
+    _check_dim(x, dim)
+    exp_x = torch.exp(x)
+    return exp_x / exp_x.sum(dim=dim, keepdim=True)
+
+
+def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Numerically stable softmax: subtract the maximum before exponentiating.
+
+    ``softmax(x) = softmax(x - c)`` for any constant ``c``; with ``c = max(x)``
+    the largest exponent is ``exp(0) = 1``, so nothing overflows. The result
+    equals :func:`torch.softmax` (to floating-point rounding), including
+    ``nan`` for a slice that is entirely ``-inf``.
+
+    Args:
+        x: floating-point tensor of any shape ``(...)``.
+        dim: the dimension whose entries are normalised to sum to 1.
+
+    Returns:
+        A tensor of the shape and dtype of ``x``.
+
+    Raises:
+        TypeError: ``x`` is not a floating-point tensor, or ``dim`` is not an int.
+        ValueError: ``dim`` is out of range for ``x``.
+
+    Source: Goodfellow, Bengio and Courville (2016), *Deep Learning*, section 4.1.
+    """
+    _check_float_tensor("x", x)
+    _check_dim(x, dim)
+    shifted = x - x.amax(dim=dim, keepdim=True)
+    exp_x = torch.exp(shifted)
+    return exp_x / exp_x.sum(dim=dim, keepdim=True)
+
+
+def simplified_attention(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Self-attention with no trainable weights: every token is its own query,
+    key and value.
+
+    ``attn_scores = x @ x^T`` (``w_ij = x_i . x_j``), ``attn_weights`` is the
+    row-wise softmax of the scores, and each context vector is the weighted sum
+    ``y_i = sum_j attn_weights[i, j] * x_j``. There is no ``1/sqrt(d)`` scale.
+
+    Args:
+        x: input embeddings, ``(num_tokens, d_in)`` or ``(batch, num_tokens, d_in)``.
+
+    Returns:
+        ``(context_vecs, attn_weights)``: ``context_vecs`` has the shape of
+        ``x``; ``attn_weights`` is ``(num_tokens, num_tokens)`` or
+        ``(batch, num_tokens, num_tokens)``, each row summing to 1.
+
+    Raises:
+        TypeError: ``x`` is not a floating-point tensor.
+        ValueError: ``x`` is not 2- or 3-dimensional, or has no tokens.
+
+    Source: the dot-product weighting of Vaswani et al. (2017), "Attention Is
+    All You Need", section 3.2.1, with the projections taken to be the identity.
+    """
+    _check_float_tensor("x", x)
+    if x.ndim not in (2, 3):
+        raise ValueError(
+            "x must be (num_tokens, d_in) or (batch, num_tokens, d_in), "
+            f"got shape {tuple(x.shape)}"
+        )
+    if x.shape[-2] == 0:
+        raise ValueError(f"x must hold at least one token, got shape {tuple(x.shape)}")
+    attn_scores = x @ x.transpose(-2, -1)  # (..., num_tokens, num_tokens)
+    attn_weights = torch.softmax(attn_scores, dim=-1)  # rows sum to 1
+    context_vecs = attn_weights @ x  # (..., num_tokens, d_in)
+    return context_vecs, attn_weights
+
+
+def causal_mask(
+    num_tokens: int,
+    num_tokens_kv: int | None = None,
+    *,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Bool mask that lets each token attend to itself and earlier tokens only.
+
+    Args:
+        num_tokens: number of query positions (rows).
+        num_tokens_kv: number of key positions (columns); defaults to ``num_tokens``.
+        device: where to create the mask.
+
+    Returns:
+        Bool tensor ``(num_tokens, num_tokens_kv)``, **True where attention is
+        allowed**: ``mask[i, j]`` is ``j <= i``. This is the lower triangle
+        aligned at the top-left corner, the same mask that
+        ``torch.nn.functional.scaled_dot_product_attention(..., is_causal=True)``
+        uses. (``torch.nn.MultiheadAttention`` wants the opposite polarity:
+        pass ``~causal_mask(n)`` there.)
+
+    Raises:
+        TypeError: a size is not an int.
+        ValueError: a size is negative.
+
+    Source: the decoder masking of Vaswani et al. (2017), section 3.2.3.
+    """
+    if num_tokens_kv is None:
+        num_tokens_kv = num_tokens
+    for name, value in (("num_tokens", num_tokens), ("num_tokens_kv", num_tokens_kv)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+    ones = torch.ones(num_tokens, num_tokens_kv, dtype=torch.bool, device=device)
+    return torch.tril(ones)
+
+
+def _check_sdpa_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale) -> None:
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        _check_float_tensor(name, t, min_ndim=2)
+    if not (query.dtype == key.dtype == value.dtype):
+        raise TypeError(
+            f"query, key and value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}"
+        )
+    if not (query.device == key.device == value.device):
+        raise ValueError(
+            f"query, key and value must be on one device, got {query.device}, {key.device}, {value.device}"
+        )
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(
+            f"query and key must have the same d_k, got query {tuple(query.shape)} "
+            f"and key {tuple(key.shape)}"
+        )
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(
+            f"key and value must have the same num_tokens_kv, got key {tuple(key.shape)} "
+            f"and value {tuple(value.shape)}"
+        )
+    if not (query.shape[:-2] == key.shape[:-2] == value.shape[:-2]):
+        raise ValueError(
+            "query, key and value must have the same leading (batch, head) dimensions, got "
+            f"{tuple(query.shape[:-2])}, {tuple(key.shape[:-2])} and {tuple(value.shape[:-2])}"
+        )
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+            raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+        if not math.isfinite(scale):
+            raise ValueError(f"scale must be finite, got {scale}")
+    if attn_mask is not None:
+        if is_causal:
+            raise ValueError("give either attn_mask or is_causal=True, not both")
+        if not isinstance(attn_mask, torch.Tensor):
+            raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+        if attn_mask.dtype != torch.bool and attn_mask.dtype != query.dtype:
+            raise TypeError(
+                f"attn_mask must be bool or have the query's dtype {query.dtype}, got {attn_mask.dtype}"
+            )
+        scores_shape = (*query.shape[:-1], key.shape[-2])
+        try:
+            broadcast = torch.broadcast_shapes(attn_mask.shape, scores_shape)
+        except RuntimeError:
+            broadcast = None
+        if broadcast != torch.Size(scores_shape):
+            raise ValueError(
+                f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to the "
+                f"attention scores' shape {scores_shape}"
+            )
+
+
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    *,
+    return_weights: bool = False,
+):
+    """``softmax(query @ key^T * scale + mask) @ value``, computed the readable way.
+
+    A reference implementation with the semantics of
+    :func:`torch.nn.functional.scaled_dot_product_attention`: it materialises
+    the ``(num_tokens_q, num_tokens_kv)`` weight matrix so that it can be
+    inspected and plotted. Use the torch function when speed matters.
+
+    Args:
+        query: ``(..., num_tokens_q, d_k)``.
+        key: ``(..., num_tokens_kv, d_k)``.
+        value: ``(..., num_tokens_kv, d_v)``. The leading dimensions ``...`` of
+            query, key and value must be equal (torch also broadcasts them;
+            this reference does not).
+        attn_mask: ``None``; a bool tensor, **True where a query may attend**;
+            or a float tensor of the query's dtype that is added to the scores.
+            Must broadcast to ``(..., num_tokens_q, num_tokens_kv)``.
+        dropout_p: probability of zeroing each attention weight. Default 0.
+        is_causal: apply :func:`causal_mask` (query ``i`` sees keys ``j <= i``).
+        scale: multiplier of the scores; default ``1 / sqrt(d_k)``.
+        return_weights: also return the attention weights.
+
+    Returns:
+        ``context_vec`` ``(..., num_tokens_q, d_v)``; with ``return_weights``,
+        the pair ``(context_vec, attn_weights)`` where ``attn_weights`` is
+        ``(..., num_tokens_q, num_tokens_kv)``, the weights actually applied
+        to ``value`` (after dropout). A query row that the mask hides from
+        every key gets all-zero weights and a zero context vector, as in torch.
+
+    Warning:
+        Like the torch function, dropout is applied whenever ``dropout_p > 0``:
+        this function does not know about training and evaluation mode. A
+        module should pass ``dropout_p=0.0`` in evaluation mode. Kept weights
+        are scaled by ``1 / (1 - dropout_p)``.
+
+    Raises:
+        TypeError: an argument has the wrong type, the tensors' dtypes differ,
+            or a float mask's dtype differs from the query's.
+        ValueError: query and key disagree on ``d_k``; key and value disagree on
+            ``num_tokens_kv``; the leading dimensions differ; the mask does not
+            broadcast to the scores' shape; both ``attn_mask`` and
+            ``is_causal=True`` are given; ``dropout_p`` is outside ``[0, 1)``;
+            ``scale`` is not finite.
+
+    Source: Vaswani et al. (2017), "Attention Is All You Need", eq. (1);
+    masking as in section 3.2.3; dropout on the weights as in PyTorch.
+    """
+    _check_sdpa_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    num_tokens_q, num_tokens_kv = query.shape[-2], key.shape[-2]
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
+
+    attn_scores = (query @ key.transpose(-2, -1)) * scale  # (..., num_tokens_q, num_tokens_kv)
+
+    allowed = None  # bool mask, True = may attend
+    if is_causal:
+        allowed = causal_mask(num_tokens_q, num_tokens_kv, device=query.device)
+    elif attn_mask is not None and attn_mask.dtype == torch.bool:
+        allowed = attn_mask
+    elif attn_mask is not None:
+        attn_scores = attn_scores + attn_mask  # float mask: added to the scores
+    if allowed is not None:
+        attn_scores = attn_scores.masked_fill(~allowed, float("-inf"))
+
+    attn_weights = torch.softmax(attn_scores, dim=-1)
+    if allowed is not None:
+        # A row with no allowed key is all -inf, and softmax gives nan there;
+        # torch returns zeros for such rows, and so do we.
+        attn_weights = attn_weights.masked_fill(~allowed, 0.0)
+    if dropout_p > 0.0:
+        attn_weights = torch.dropout(attn_weights, dropout_p, train=True)
+
+    context_vec = attn_weights @ value  # (..., num_tokens_q, d_v)
+    if return_weights:
+        return context_vec, attn_weights
+    return context_vec

@@ -1,0 +1,1 @@
+"""Positional encodings (placeholder: written in a later commit)."""

@@ -1,0 +1,95 @@
+"""Tests for attnlib.data, attnlib.device, attnlib.viz and attnlib.show_source."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import attnlib  # noqa: E402
+
+
+def test_journey_embeddings_are_the_reference_numbers():
+    x = attnlib.journey_embeddings()
+    assert x.shape == (6, 3) and x.dtype == torch.float32
+    expected = [
+        [0.43, 0.15, 0.89], [0.55, 0.87, 0.66], [0.57, 0.85, 0.64],
+        [0.22, 0.58, 0.33], [0.77, 0.25, 0.10], [0.05, 0.80, 0.55],
+    ]
+    torch.testing.assert_close(x, torch.tensor(expected))
+    assert attnlib.JOURNEY_TOKENS == ("Your", "journey", "starts", "with", "one", "step")
+    assert len(attnlib.JOURNEY_TOKENS) == x.shape[0]
+
+
+def test_journey_embeddings_returns_a_fresh_tensor_each_call():
+    first = attnlib.journey_embeddings()
+    first.zero_()
+    assert attnlib.journey_embeddings()[0, 0].item() == pytest.approx(0.43)
+
+
+def test_get_device_matches_cuda_availability():
+    device = attnlib.get_device()
+    assert device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert attnlib.device.cuda_available() == torch.cuda.is_available()
+    with pytest.raises(TypeError, match="allow_mps must be a bool, got str"):
+        attnlib.get_device("yes")
+
+
+def test_plot_attention_draws_labelled_heatmap():
+    weights = torch.softmax(torch.randn(6, 6, generator=torch.Generator().manual_seed(0)), -1)
+    ax = attnlib.plot_attention(weights, tokens=attnlib.JOURNEY_TOKENS, title="demo")
+    try:
+        image = ax.images[0]
+        assert image.get_cmap().name == "viridis"
+        torch.testing.assert_close(torch.as_tensor(image.get_array()), weights)
+        assert [t.get_text() for t in ax.get_xticklabels()] == list(attnlib.JOURNEY_TOKENS)
+        assert [t.get_text() for t in ax.get_yticklabels()] == list(attnlib.JOURNEY_TOKENS)
+        assert ax.get_title() == "demo"
+        assert ax.get_xlabel() and ax.get_ylabel()
+        assert len(ax.figure.axes) == 2, "a colour bar is drawn beside the map"
+        assert len(ax.texts) == 36, "small maps are annotated with each weight"
+    finally:
+        plt.close(ax.figure)
+
+
+def test_plot_attention_squeezes_batch_of_one_and_uses_given_axes():
+    fig, ax = plt.subplots()
+    try:
+        out = attnlib.plot_attention(torch.full((1, 1, 3, 4), 0.25), ax=ax, annotate=False, vmax=0.5)
+        assert out is ax and ax.images[0].get_array().shape == (3, 4)
+        assert ax.images[0].get_clim() == (0.0, 0.5)
+        assert len(ax.texts) == 0
+    finally:
+        plt.close(fig)
+
+
+def test_plot_attention_rejects_bad_input():
+    with pytest.raises(ValueError, match=r"got shape \(2, 3, 3\)"):
+        attnlib.plot_attention(torch.zeros(2, 3, 3))
+    with pytest.raises(ValueError, match="tokens has 2 labels but attn_weights has 3 columns"):
+        attnlib.plot_attention(torch.zeros(3, 3), tokens=["a", "b"])
+    with pytest.raises(ValueError, match="vmax must be positive, got 0"):
+        attnlib.plot_attention(torch.zeros(3, 3), vmax=0)
+    with pytest.raises(TypeError, match="floating point, got torch.int64"):
+        attnlib.plot_attention(torch.zeros(3, 3, dtype=torch.int64))
+
+
+def test_show_source_returns_the_package_code():
+    src = attnlib.show_source(attnlib.softmax)
+    assert str(src).startswith("def softmax(")
+    assert "Numerically stable softmax" in str(src)
+    assert "<span" in src._repr_html_()
+    bare = attnlib.show_source(attnlib.softmax, docstring=False)
+    assert "Numerically stable softmax" not in str(bare)
+    assert "x.amax(dim=dim, keepdim=True)" in str(bare)
+    with pytest.raises(TypeError, match="cannot show the source of"):
+        attnlib.show_source(len)
+
+
+def test_public_api_is_documented():
+    for name in attnlib.__all__:
+        obj = getattr(attnlib, name)
+        if callable(obj) and not name.startswith("_"):
+            assert obj.__doc__ and len(obj.__doc__.strip()) > 20, f"{name} has no docstring"

@@ -1,0 +1,89 @@
+"""The chapter notebooks follow the course's conventions (CONTRIBUTING.md).
+
+nbval checks what each notebook computes; these tests check how the notebooks
+are put together: the Colab setup cell agrees with _config.yml, every notebook
+is in the table of contents and the README, outputs come from one clean run,
+and GPU cells guard themselves.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))
+CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
+
+
+def code_cells(nb):
+    return [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
+
+
+def test_there_are_chapters():
+    assert len(NOTEBOOKS) >= 2
+
+
+def test_config_turns_on_colab_and_names_the_repository_once():
+    url = CONFIG["repository"]["url"]
+    assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", url), url
+    assert CONFIG["launch_buttons"]["colab_url"] == "https://colab.research.google.com"
+    assert (ROOT / "_config.yml").read_text().count(url) == 1
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_setup_cell_installs_attnlib_from_the_configured_repository(path):
+    nb = nbformat.read(path, as_version=4)
+    first = code_cells(nb)[0].source
+    url = CONFIG["repository"]["url"]
+    assert f'"attnlib @ git+{url}"' in first, f"{path.name}: setup cell does not install from {url}"
+    assert 'importlib.util.find_spec("attnlib") is None' in first, "must do nothing where attnlib exists"
+    # Every notebook's setup cell is the same text, so one fix reaches them all.
+    reference = code_cells(nbformat.read(NOTEBOOKS[0], as_version=4))[0].source
+    assert first == reference
+    assert not code_cells(nb)[0].outputs, "the setup cell prints nothing locally"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_listed_in_the_toc_and_the_readme(path):
+    stem = f"chapters/{path.stem}"
+    assert stem in (ROOT / "_toc.yml").read_text(), f"{stem} missing from _toc.yml"
+    assert f"{stem}.ipynb" in (ROOT / "README.md").read_text(), f"{stem}.ipynb missing from README.md"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_was_saved_from_one_clean_run(path):
+    nb = nbformat.read(path, as_version=4)
+    counts = [c.execution_count for c in code_cells(nb)]
+    assert counts == list(range(1, len(counts) + 1)), f"{path.name}: execution counts {counts}"
+    for cell in code_cells(nb):
+        for out in cell.outputs:
+            assert out.output_type != "error", f"{path.name}: stored error {out.get('ename')}"
+            if out.output_type == "stream" and out.name == "stderr":
+                assert "Warning" not in out.text, f"{path.name}: stored warning {out.text[:200]}"
+    second = code_cells(nb)[1].source
+    assert "torch.manual_seed(" in second and "torch.set_printoptions(precision=4" in second
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_gpu_cells_guard_themselves(path):
+    nb = nbformat.read(path, as_version=4)
+    for cell in code_cells(nb):
+        if "gpu" in cell.metadata.get("tags", []):
+            assert cell.source.startswith("# NBVAL_IGNORE_OUTPUT"), "GPU output varies by machine"
+            assert "torch.cuda.is_available()" in cell.source, "a gpu cell must skip itself without CUDA"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_package_code_is_pasted_into_a_notebook(path):
+    """Classes live in attnlib; a notebook that defines one drifts from the package."""
+    nb = nbformat.read(path, as_version=4)
+    package_names = {"SelfAttention_v1", "SelfAttention_v2", "CausalAttention",
+                     "MultiHeadAttentionWrapper", "MultiHeadAttention"}
+    for cell in code_cells(nb):
+        for name in package_names:
+            assert f"class {name}(" not in cell.source, f"{path.name} redefines attnlib.{name}"
