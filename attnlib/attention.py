@@ -1,6 +1,46 @@
-"""Self-attention modules (placeholder: written in the next commits)."""
+"""Self-attention modules, from a compact class with raw weight matrices to
+multi-head causal attention.
 
+The classes follow the course's arc: :class:`SelfAttention_v1` (weights as
+``nn.Parameter``), :class:`SelfAttention_v2` (weights as ``nn.Linear``),
+:class:`CausalAttention` (future tokens hidden, dropout on the weights),
+:class:`MultiHeadAttentionWrapper` (several causal heads side by side) and
+:class:`MultiHeadAttention` (the heads split out of one set of projections, with
+an output projection and a fused fast path).
+
+Shape legend used in every docstring here:
+
+* ``batch`` (``b``): sequences processed together.
+* ``num_tokens``: tokens in each sequence (``<= context_length`` where the
+  module is causal).
+* ``d_in``: size of each input embedding.
+* ``d_out``: size of each query, key, value and context vector (of the whole
+  layer, for the multi-head classes).
+* ``num_heads``: attention heads; ``head_dim = d_out // num_heads`` is the size
+  of one head's query, key and value vectors (the ``d_k`` of the
+  ``1/sqrt(d_k)`` scale).
+* ``context_length``: the most tokens a causal module accepts.
+
+Mask convention, the same everywhere in attnlib: a **bool mask is True where a
+query may attend** to a key, as in :func:`torch.nn.functional.scaled_dot_product_attention`.
+``torch.nn.MultiheadAttention`` uses the opposite polarity (True = masked out).
+
+Parameter-creation order is ``W_query``, ``W_key``, ``W_value`` (then
+``out_proj``), the order of Raschka (2024), *Build a Large Language Model (From
+Scratch)*, chapter 3, so that with the same seed the weights, and hence the
+numbers, are the book's.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
 import torch.nn as nn
+import torch.nn.functional as F
+
+from . import functional as attn_functional
+from .functional import causal_mask
 
 __all__ = [
     "SelfAttention_v1",
@@ -11,28 +51,748 @@ __all__ = [
 ]
 
 
-class _Pending(nn.Module):
-    """Placeholder for a module that is not written yet."""
-
-    def __init__(self, *args, **kwargs):
-        raise NotImplementedError(f"{type(self).__name__} is not written yet")
+# ---------------------------------------------------------------------------
+# Argument checks (run before any computation; errors name the value)
+# ---------------------------------------------------------------------------
 
 
-class SelfAttention_v1(_Pending):
-    """Placeholder: not written yet."""
+def _check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {name}={value}")
 
 
-class SelfAttention_v2(_Pending):
-    """Placeholder: not written yet."""
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
-class CausalAttention(_Pending):
-    """Placeholder: not written yet."""
+def _check_dropout(dropout: object) -> None:
+    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real):
+        raise TypeError(f"dropout must be a float, got {type(dropout).__name__}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got dropout={dropout}")
 
 
-class MultiHeadAttentionWrapper(_Pending):
-    """Placeholder: not written yet."""
+def _check_input(
+    x: object, d_in: int, ndims: tuple[int, ...], context_length: int | None = None
+) -> None:
+    """Cheap checks of a forward input: type, rank, ``d_in`` and length (no tensor ops)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"x must have a floating-point dtype, got {x.dtype}")
+    if x.ndim not in ndims:
+        expected = (
+            "(batch, num_tokens, d_in)"
+            if ndims == (3,)
+            else "(num_tokens, d_in) or (batch, num_tokens, d_in)"
+        )
+        raise ValueError(f"x must be {expected}, got {x.ndim}-D shape {tuple(x.shape)}")
+    if x.shape[-1] != d_in:
+        raise ValueError(
+            f"x.shape[-1]={x.shape[-1]} does not match d_in={d_in} (x has shape {tuple(x.shape)})"
+        )
+    num_tokens = x.shape[-2]
+    if num_tokens == 0:
+        raise ValueError(f"x must hold at least one token, got shape {tuple(x.shape)}")
+    if context_length is not None and num_tokens > context_length:
+        raise ValueError(
+            f"num_tokens={num_tokens} exceeds context_length={context_length}"
+        )
 
 
-class MultiHeadAttention(_Pending):
-    """Placeholder: not written yet."""
+def _register_causal_mask(module: nn.Module, context_length: int) -> None:
+    """Give ``module`` a bool ``mask`` buffer (True = may attend) that survives loading.
+
+    The buffer is persistent, so state_dict keys match the reference
+    implementation's (Raschka 2024, ch. 3, which also calls it ``mask``). That
+    reference stores a *float* mask that is 1 where attention is **blocked**;
+    copied into a bool buffer it would flip the mask. The mask is fully
+    determined by ``context_length``, so loading keeps the module's own mask:
+    an incoming ``mask`` of the right shape is replaced by it (a wrong shape
+    still fails with torch's usual size-mismatch error).
+    """
+    module.register_buffer("mask", causal_mask(context_length), persistent=True)
+    module.register_load_state_dict_pre_hook(_keep_own_mask)
+
+
+def _keep_own_mask(
+    module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+) -> None:
+    # ``load_state_dict`` hands hooks its own shallow copy of the caller's dict,
+    # so replacing an entry here does not change the caller's state_dict.
+    key = prefix + "mask"
+    incoming = state_dict.get(key)
+    if isinstance(incoming, torch.Tensor) and incoming.shape == module.mask.shape:
+        state_dict[key] = module.mask
+
+
+# ---------------------------------------------------------------------------
+# Single-head self-attention
+# ---------------------------------------------------------------------------
+
+
+class SelfAttention_v1(nn.Module):
+    r"""Scaled dot-product self-attention with raw weight matrices.
+
+    ``queries = x @ W_query``, ``keys = x @ W_key``, ``values = x @ W_value``;
+    ``attn_weights = softmax(queries @ keys^T / sqrt(d_out))`` row by row; and
+    ``context_vec = attn_weights @ values``. The weights are ``nn.Parameter``
+    tensors drawn from ``torch.rand`` (uniform on ``[0, 1)``), created in the
+    order ``W_query``, ``W_key``, ``W_value``: with ``torch.manual_seed(123)``,
+    ``d_in=3`` and ``d_out=2`` the output on :func:`attnlib.journey_embeddings`
+    is the reference book's.
+
+    Args:
+        d_in: size of each input embedding.
+        d_out: size of each query, key, value and context vector (``d_k = d_out``).
+
+    Attributes:
+        W_query, W_key, W_value: ``nn.Parameter`` of shape ``(d_in, d_out)``.
+
+    Raises:
+        TypeError: ``d_in`` or ``d_out`` is not an int.
+        ValueError: ``d_in`` or ``d_out`` is not positive.
+
+    Source: Vaswani et al. (2017), "Attention Is All You Need", eq. (1);
+    Raschka (2024), *Build a Large Language Model (From Scratch)*, section 3.4.2.
+    """
+
+    def __init__(self, d_in: int, d_out: int) -> None:
+        _check_positive_int("d_in", d_in)
+        _check_positive_int("d_out", d_out)
+        super().__init__()
+        self.d_in = d_in
+        self.d_out = d_out
+        self.W_query = nn.Parameter(torch.rand(d_in, d_out))
+        self.W_key = nn.Parameter(torch.rand(d_in, d_out))
+        self.W_value = nn.Parameter(torch.rand(d_in, d_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Attend every token to every token (no mask).
+
+        Args:
+            x: input embeddings, ``(num_tokens, d_in)`` or ``(batch, num_tokens, d_in)``.
+
+        Returns:
+            ``context_vec``: ``(num_tokens, d_out)`` or ``(batch, num_tokens, d_out)``.
+
+        Raises:
+            TypeError: ``x`` is not a floating-point tensor.
+            ValueError: ``x`` is not 2- or 3-D, ``x.shape[-1] != d_in``, or ``x``
+                has no tokens.
+        """
+        _check_input(x, self.d_in, (2, 3))
+        keys = x @ self.W_key  # (..., num_tokens, d_out)
+        queries = x @ self.W_query  # (..., num_tokens, d_out)
+        values = x @ self.W_value  # (..., num_tokens, d_out)
+
+        attn_scores = queries @ keys.transpose(-2, -1)  # (..., num_tokens, num_tokens)
+        d_k = keys.shape[-1]
+        attn_weights = torch.softmax(attn_scores / d_k**0.5, dim=-1)  # rows sum to 1
+        context_vec = attn_weights @ values  # (..., num_tokens, d_out)
+        return context_vec
+
+    def extra_repr(self) -> str:
+        return f"d_in={self.d_in}, d_out={self.d_out}"
+
+
+class SelfAttention_v2(nn.Module):
+    r"""Scaled dot-product self-attention with ``nn.Linear`` projections.
+
+    The same computation as :class:`SelfAttention_v1`, but the projections are
+    ``nn.Linear`` layers: they use PyTorch's default initialisation (uniform on
+    ``±1/sqrt(d_in)``, which keeps the scores small, unlike ``torch.rand``) and
+    may have a bias. ``nn.Linear`` stores its weight as ``(d_out, d_in)`` and
+    computes ``x @ weight.T``, so ``SelfAttention_v1.W_query`` equals
+    ``SelfAttention_v2.W_query.weight.T``. Layers are created in the order
+    ``W_query``, ``W_key``, ``W_value``.
+
+    Args:
+        d_in: size of each input embedding.
+        d_out: size of each query, key, value and context vector (``d_k = d_out``).
+        qkv_bias: give the three projections a bias. Default ``False``.
+
+    Attributes:
+        W_query, W_key, W_value: ``nn.Linear(d_in, d_out, bias=qkv_bias)``;
+            each ``weight`` is ``(d_out, d_in)``, each ``bias`` ``(d_out,)``.
+
+    Raises:
+        TypeError: ``d_in`` or ``d_out`` is not an int, or ``qkv_bias`` is not a bool.
+        ValueError: ``d_in`` or ``d_out`` is not positive.
+
+    Source: Vaswani et al. (2017), "Attention Is All You Need", eq. (1);
+    Raschka (2024), *Build a Large Language Model (From Scratch)*, section 3.4.2.
+    """
+
+    def __init__(self, d_in: int, d_out: int, qkv_bias: bool = False) -> None:
+        _check_positive_int("d_in", d_in)
+        _check_positive_int("d_out", d_out)
+        _check_bool("qkv_bias", qkv_bias)
+        super().__init__()
+        self.d_in = d_in
+        self.d_out = d_out
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Attend every token to every token (no mask).
+
+        Args:
+            x: input embeddings, ``(num_tokens, d_in)`` or ``(batch, num_tokens, d_in)``.
+
+        Returns:
+            ``context_vec``: ``(num_tokens, d_out)`` or ``(batch, num_tokens, d_out)``.
+
+        Raises:
+            TypeError: ``x`` is not a floating-point tensor.
+            ValueError: ``x`` is not 2- or 3-D, ``x.shape[-1] != d_in``, or ``x``
+                has no tokens.
+        """
+        _check_input(x, self.d_in, (2, 3))
+        keys = self.W_key(x)  # (..., num_tokens, d_out)
+        queries = self.W_query(x)  # (..., num_tokens, d_out)
+        values = self.W_value(x)  # (..., num_tokens, d_out)
+
+        attn_scores = queries @ keys.transpose(-2, -1)  # (..., num_tokens, num_tokens)
+        d_k = keys.shape[-1]
+        attn_weights = torch.softmax(attn_scores / d_k**0.5, dim=-1)  # rows sum to 1
+        context_vec = attn_weights @ values  # (..., num_tokens, d_out)
+        return context_vec
+
+    def extra_repr(self) -> str:
+        return f"d_in={self.d_in}, d_out={self.d_out}"
+
+
+class CausalAttention(nn.Module):
+    r"""Single-head causal self-attention with dropout on the attention weights.
+
+    Token ``i`` attends only to tokens ``j <= i``: the scores above the diagonal
+    are set to ``-inf`` before the softmax, so their weights are exactly 0 and
+    each row still sums to 1. Then dropout zeroes random weights.
+
+    The causal mask is a bool buffer ``mask`` of shape
+    ``(context_length, context_length)``, **True where a query may attend**
+    (:func:`attnlib.causal_mask`); as a buffer it moves with ``.to()`` and is
+    saved in the ``state_dict`` under the key ``mask``, as in the reference
+    implementation. Loading a ``state_dict`` keeps the module's own mask (the
+    reference stores a float mask of the opposite polarity; see the Note).
+
+    Args:
+        d_in: size of each input embedding.
+        d_out: size of each query, key, value and context vector (``d_k = d_out``).
+        context_length: the most tokens an input may have.
+        dropout: probability of zeroing each attention weight in training mode,
+            in ``[0, 1)``. Kept weights are scaled by ``1 / (1 - dropout)``.
+        qkv_bias: give the three projections a bias. Default ``False``.
+
+    Attributes:
+        W_query, W_key, W_value: ``nn.Linear(d_in, d_out, bias=qkv_bias)``,
+            created in that order.
+        dropout: ``nn.Dropout(dropout)``, applied to the attention weights.
+        mask: bool buffer ``(context_length, context_length)``, True = may attend.
+
+    Warning:
+        Dropout acts in training mode, which is a module's default: call
+        ``.eval()`` for deterministic outputs.
+
+    Note:
+        A ``state_dict`` from the reference implementation (whose ``mask`` is a
+        float tensor with 1 where attention is *blocked*) loads correctly: an
+        incoming ``mask`` of the right shape is ignored in favour of the
+        module's own, which depends only on ``context_length``.
+
+    Raises:
+        TypeError: a size is not an int, ``dropout`` is not a float, or
+            ``qkv_bias`` is not a bool.
+        ValueError: ``d_in``, ``d_out`` or ``context_length`` is not positive,
+            or ``dropout`` is outside ``[0, 1)``.
+
+    Source: Vaswani et al. (2017), "Attention Is All You Need", section 3.2.3
+    (masking); Raschka (2024), *Build a Large Language Model (From Scratch)*,
+    section 3.5 (causal attention and dropout on the weights).
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        context_length: int,
+        dropout: float,
+        qkv_bias: bool = False,
+    ) -> None:
+        _check_positive_int("d_in", d_in)
+        _check_positive_int("d_out", d_out)
+        _check_positive_int("context_length", context_length)
+        _check_dropout(dropout)
+        _check_bool("qkv_bias", qkv_bias)
+        super().__init__()
+        self.d_in = d_in
+        self.d_out = d_out
+        self.context_length = context_length
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.dropout = nn.Dropout(dropout)
+        _register_causal_mask(self, context_length)
+
+    def forward(self, x: torch.Tensor, return_weights: bool = False):
+        """Attend each token to itself and the tokens before it.
+
+        Args:
+            x: input embeddings, ``(batch, num_tokens, d_in)`` (or unbatched
+                ``(num_tokens, d_in)``), with ``num_tokens <= context_length``.
+            return_weights: also return the attention weights. Default ``False``.
+
+        Returns:
+            ``context_vec``: ``(batch, num_tokens, d_out)`` (``(num_tokens, d_out)``
+            for unbatched input). With ``return_weights=True``, the pair
+            ``(context_vec, attn_weights)``, ``attn_weights`` being
+            ``(batch, num_tokens, num_tokens)`` (or ``(num_tokens, num_tokens)``):
+            the weights actually applied to the values, after dropout.
+
+        Raises:
+            TypeError: ``x`` is not a floating-point tensor, or
+                ``return_weights`` is not a bool.
+            ValueError: ``x`` is not 2- or 3-D, ``x.shape[-1] != d_in``, ``x``
+                has no tokens, or ``num_tokens > context_length``.
+        """
+        _check_input(x, self.d_in, (2, 3), self.context_length)
+        _check_bool("return_weights", return_weights)
+        num_tokens = x.shape[-2]
+        keys = self.W_key(x)  # (..., num_tokens, d_out)
+        queries = self.W_query(x)  # (..., num_tokens, d_out)
+        values = self.W_value(x)  # (..., num_tokens, d_out)
+
+        attn_scores = queries @ keys.transpose(-2, -1)  # (..., num_tokens, num_tokens)
+        allowed = self.mask[:num_tokens, :num_tokens]  # (num_tokens, num_tokens), True = may attend
+        attn_scores = attn_scores.masked_fill(~allowed, float("-inf"))  # a new tensor
+        d_k = keys.shape[-1]
+        attn_weights = torch.softmax(attn_scores / d_k**0.5, dim=-1)  # rows sum to 1
+        attn_weights = self.dropout(attn_weights)
+
+        context_vec = attn_weights @ values  # (..., num_tokens, d_out)
+        if return_weights:
+            return context_vec, attn_weights
+        return context_vec
+
+    def extra_repr(self) -> str:
+        return f"d_in={self.d_in}, d_out={self.d_out}, context_length={self.context_length}"
+
+
+# ---------------------------------------------------------------------------
+# Multi-head attention
+# ---------------------------------------------------------------------------
+
+
+class MultiHeadAttentionWrapper(nn.Module):
+    r"""Several independent :class:`CausalAttention` heads, outputs concatenated.
+
+    The plainest multi-head attention: ``num_heads`` heads, each with its own
+    ``d_in -> d_out`` projections, run one after the other on the same input;
+    their context vectors are concatenated on the last dimension, giving
+    ``d_out * num_heads`` features per token. :class:`MultiHeadAttention`
+    computes the same kind of result in one pass.
+
+    Args:
+        d_in: size of each input embedding.
+        d_out: size of **each head's** context vector.
+        context_length: the most tokens an input may have.
+        dropout: probability of zeroing each attention weight in training
+            mode, in ``[0, 1)``.
+        num_heads: number of heads.
+        qkv_bias: give the projections a bias. Default ``False``.
+
+    Attributes:
+        heads: ``nn.ModuleList`` of ``num_heads`` :class:`CausalAttention`
+            modules, created in order (each creates its ``W_query``, ``W_key``,
+            ``W_value``).
+
+    Warning:
+        Dropout acts in training mode, which is a module's default: call
+        ``.eval()`` for deterministic outputs.
+
+    Raises:
+        TypeError: a size is not an int, ``dropout`` is not a float, or
+            ``qkv_bias`` is not a bool.
+        ValueError: ``d_in``, ``d_out``, ``context_length`` or ``num_heads`` is
+            not positive, or ``dropout`` is outside ``[0, 1)``.
+
+    Source: Vaswani et al. (2017), "Attention Is All You Need", section 3.2.2
+    (concatenated heads, without the output projection ``W^O``); Raschka (2024),
+    *Build a Large Language Model (From Scratch)*, section 3.6.1.
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        context_length: int,
+        dropout: float,
+        num_heads: int,
+        qkv_bias: bool = False,
+    ) -> None:
+        _check_positive_int("d_in", d_in)
+        _check_positive_int("d_out", d_out)
+        _check_positive_int("context_length", context_length)
+        _check_dropout(dropout)
+        _check_positive_int("num_heads", num_heads)
+        _check_bool("qkv_bias", qkv_bias)
+        super().__init__()
+        self.d_in = d_in
+        self.d_out = d_out
+        self.context_length = context_length
+        self.num_heads = num_heads
+        self.heads = nn.ModuleList(
+            [
+                CausalAttention(d_in, d_out, context_length, dropout, qkv_bias)
+                for _ in range(num_heads)
+            ]
+        )
+
+    def forward(self, x: torch.Tensor, return_weights: bool = False):
+        """Run every head on ``x`` and concatenate their context vectors.
+
+        Args:
+            x: input embeddings, ``(batch, num_tokens, d_in)`` (or unbatched
+                ``(num_tokens, d_in)``), with ``num_tokens <= context_length``.
+            return_weights: also return the heads' attention weights. Default ``False``.
+
+        Returns:
+            ``context_vec``: ``(batch, num_tokens, d_out * num_heads)`` (or
+            ``(num_tokens, d_out * num_heads)``); head ``h`` fills features
+            ``h * d_out`` to ``(h + 1) * d_out - 1``. With ``return_weights=True``,
+            the pair ``(context_vec, attn_weights)``, ``attn_weights`` being
+            ``(batch, num_heads, num_tokens, num_tokens)`` (or
+            ``(num_heads, num_tokens, num_tokens)``), after dropout.
+
+        Raises:
+            TypeError: ``x`` is not a floating-point tensor, or
+                ``return_weights`` is not a bool.
+            ValueError: ``x`` is not 2- or 3-D, ``x.shape[-1] != d_in``, ``x``
+                has no tokens, or ``num_tokens > context_length``.
+        """
+        _check_input(x, self.d_in, (2, 3), self.context_length)
+        _check_bool("return_weights", return_weights)
+        if not return_weights:
+            # (..., num_tokens, d_out * num_heads)
+            return torch.cat([head(x) for head in self.heads], dim=-1)
+        outputs = [head(x, return_weights=True) for head in self.heads]
+        context_vec = torch.cat([c for c, _ in outputs], dim=-1)
+        # context_vec: (..., num_tokens, d_out * num_heads)
+        attn_weights = torch.stack([w for _, w in outputs], dim=-3)
+        # attn_weights: (..., num_heads, num_tokens, num_tokens)
+        return context_vec, attn_weights
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_in={self.d_in}, d_out={self.d_out}, context_length={self.context_length}, "
+            f"num_heads={self.num_heads}"
+        )
+
+
+class MultiHeadAttention(nn.Module):
+    r"""Causal multi-head self-attention: heads split from one set of projections.
+
+    One ``d_in -> d_out`` projection each for queries, keys and values; their
+    outputs are split into ``num_heads`` heads of ``head_dim = d_out // num_heads``
+    features, each head attends causally with scale ``1/sqrt(head_dim)`` and
+    dropout on its weights, the heads' context vectors are concatenated back to
+    ``d_out`` features and mixed by the output projection ``out_proj`` (``W^O``).
+
+    ``forward`` has two paths that compute the same function:
+
+    * fast (default): :func:`torch.nn.functional.scaled_dot_product_attention`
+      with ``is_causal=True``, a fused kernel that never stores the
+      ``(num_tokens, num_tokens)`` weights;
+    * readable (``return_weights=True``): :func:`attnlib.scaled_dot_product_attention`
+      with the causal ``mask`` buffer, returning the per-head weights for plotting.
+
+    Parameters are created in the order ``W_query``, ``W_key``, ``W_value``,
+    ``out_proj`` (the reference book's), so seeded numbers match it.
+    :meth:`from_torch` and :meth:`to_torch` convert from and to
+    :class:`torch.nn.MultiheadAttention`.
+
+    Args:
+        d_in: size of each input embedding.
+        d_out: size of the layer's output (all heads together); must be
+            divisible by ``num_heads``.
+        context_length: the most tokens an input may have.
+        dropout: probability of zeroing each attention weight in training mode,
+            in ``[0, 1)``.
+        num_heads: number of heads.
+        qkv_bias: give the query, key and value projections a bias. Default ``False``.
+        out_bias: keyword-only; give ``out_proj`` a bias. Default ``True`` (as
+            in the reference book and in ``torch.nn.MultiheadAttention``).
+            ``from_torch`` sets it to ``False`` for a torch module built with
+            ``bias=False``, whose output projection has no bias.
+
+    Attributes:
+        W_query, W_key, W_value: ``nn.Linear(d_in, d_out, bias=qkv_bias)``.
+        out_proj: ``nn.Linear(d_out, d_out, bias=out_bias)``.
+        head_dim: ``d_out // num_heads``.
+        dropout_p: the attention-weight dropout probability (a float; set it
+            to change the dropout).
+        mask: bool buffer ``(context_length, context_length)``, True = may
+            attend; used by the readable path and saved in the ``state_dict``
+            under ``mask`` (as in the reference). Loading keeps the module's own
+            mask, as for :class:`CausalAttention`.
+
+    Warning:
+        Dropout acts in training mode, which is a module's default: call
+        ``.eval()`` for deterministic outputs. In training mode with
+        ``dropout_p > 0`` the two paths draw different dropout masks, so only
+        their distributions agree.
+
+    Raises:
+        TypeError: a size is not an int, ``dropout`` is not a float, or
+            ``qkv_bias``/``out_bias`` is not a bool.
+        ValueError: ``d_in``, ``d_out``, ``context_length`` or ``num_heads`` is
+            not positive; ``d_out`` is not divisible by ``num_heads``;
+            ``dropout`` is outside ``[0, 1)``.
+
+    Source: Vaswani et al. (2017), "Attention Is All You Need", section 3.2.2
+    (multi-head attention, ``MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O``)
+    and section 3.2.3 (causal masking); Raschka (2024), *Build a Large Language
+    Model (From Scratch)*, section 3.6.2.
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        context_length: int,
+        dropout: float,
+        num_heads: int,
+        qkv_bias: bool = False,
+        *,
+        out_bias: bool = True,
+    ) -> None:
+        _check_positive_int("d_in", d_in)
+        _check_positive_int("d_out", d_out)
+        _check_positive_int("context_length", context_length)
+        _check_dropout(dropout)
+        _check_positive_int("num_heads", num_heads)
+        _check_bool("qkv_bias", qkv_bias)
+        _check_bool("out_bias", out_bias)
+        if d_out % num_heads != 0:
+            raise ValueError(f"d_out={d_out} is not divisible by num_heads={num_heads}")
+        super().__init__()
+        self.d_in = d_in
+        self.d_out = d_out
+        self.context_length = context_length
+        self.num_heads = num_heads
+        self.head_dim = d_out // num_heads
+        self.dropout_p = float(dropout)
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.out_proj = nn.Linear(d_out, d_out, bias=out_bias)
+        _register_causal_mask(self, context_length)
+
+    def forward(self, x: torch.Tensor, return_weights: bool = False):
+        """Causal multi-head self-attention of ``x``.
+
+        Args:
+            x: input embeddings, ``(batch, num_tokens, d_in)``, with
+                ``num_tokens <= context_length``.
+            return_weights: take the readable path and also return the
+                per-head attention weights. Default ``False`` (fast path).
+
+        Returns:
+            ``context_vec``: ``(batch, num_tokens, d_out)``. With
+            ``return_weights=True``, the pair ``(context_vec, attn_weights)``,
+            ``attn_weights`` being ``(batch, num_heads, num_tokens, num_tokens)``:
+            the weights applied to the values, after dropout.
+
+        Raises:
+            TypeError: ``x`` is not a floating-point tensor, or
+                ``return_weights`` is not a bool.
+            ValueError: ``x`` is not 3-D, ``x.shape[-1] != d_in``, ``x`` has no
+                tokens, or ``num_tokens > context_length``.
+        """
+        _check_input(x, self.d_in, (3,), self.context_length)
+        _check_bool("return_weights", return_weights)
+        b, num_tokens, _ = x.shape
+        num_heads, head_dim = self.num_heads, self.head_dim
+
+        # Project, then split d_out into heads and move heads before tokens.
+        queries = self.W_query(x).view(b, num_tokens, num_heads, head_dim).transpose(1, 2)
+        # queries: (b, num_heads, num_tokens, head_dim)
+        keys = self.W_key(x).view(b, num_tokens, num_heads, head_dim).transpose(1, 2)
+        # keys: (b, num_heads, num_tokens, head_dim)
+        values = self.W_value(x).view(b, num_tokens, num_heads, head_dim).transpose(1, 2)
+        # values: (b, num_heads, num_tokens, head_dim)
+
+        dropout_p = self.dropout_p if self.training else 0.0
+        if return_weights:
+            allowed = self.mask[:num_tokens, :num_tokens]  # (num_tokens, num_tokens), True = attend
+            context_vec, attn_weights = attn_functional.scaled_dot_product_attention(
+                queries, keys, values, attn_mask=allowed, dropout_p=dropout_p, return_weights=True
+            )  # (b, num_heads, num_tokens, head_dim), (b, num_heads, num_tokens, num_tokens)
+        else:
+            context_vec = F.scaled_dot_product_attention(
+                queries, keys, values, dropout_p=dropout_p, is_causal=True
+            )  # (b, num_heads, num_tokens, head_dim)
+
+        # Put the heads back side by side: reshape copies, as the transpose is not contiguous.
+        context_vec = context_vec.transpose(1, 2).reshape(b, num_tokens, self.d_out)
+        # context_vec: (b, num_tokens, d_out)
+        context_vec = self.out_proj(context_vec)  # (b, num_tokens, d_out)
+        if return_weights:
+            return context_vec, attn_weights
+        return context_vec
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_in={self.d_in}, d_out={self.d_out}, context_length={self.context_length}, "
+            f"num_heads={self.num_heads}, dropout_p={self.dropout_p}"
+        )
+
+    # -- interoperability with torch.nn.MultiheadAttention ------------------
+
+    @classmethod
+    def from_torch(cls, module: nn.MultiheadAttention, context_length: int) -> MultiHeadAttention:
+        """Build an equivalent :class:`MultiHeadAttention` from a ``torch.nn.MultiheadAttention``.
+
+        Torch packs the three input projections into ``in_proj_weight``
+        ``(3 * embed_dim, embed_dim)``, rows ``[W_q; W_k; W_v]`` (and
+        ``in_proj_bias`` likewise); they are copied into ``W_query``, ``W_key``
+        and ``W_value``, and ``out_proj`` is copied as is. A torch module built
+        with ``bias=False`` has no output bias either, so the result gets
+        ``qkv_bias=False, out_bias=False``. Dropout, dtype, device and
+        training mode are copied. The new module does not share memory with
+        ``module``.
+
+        The result is causal: it equals ``module(x, x, x,
+        attn_mask=~attnlib.causal_mask(num_tokens), need_weights=False)[0]``
+        (torch's bool masks are True where attention is **blocked**).
+
+        Args:
+            module: a ``torch.nn.MultiheadAttention`` built with
+                ``batch_first=True`` and without ``kdim``/``vdim`` different
+                from ``embed_dim``, ``add_bias_kv`` or ``add_zero_attn``.
+            context_length: the most tokens the new module accepts.
+
+        Returns:
+            A :class:`MultiHeadAttention` with ``d_in = d_out = embed_dim``.
+
+        Raises:
+            TypeError: ``module`` is not a ``torch.nn.MultiheadAttention``.
+            ValueError: ``module`` has ``batch_first=False``, ``kdim`` or
+                ``vdim`` different from ``embed_dim``, ``add_bias_kv=True`` or
+                ``add_zero_attn=True``; or ``context_length`` is not positive.
+
+        Source: the parameter layout of :class:`torch.nn.MultiheadAttention`.
+        """
+        if not isinstance(module, nn.MultiheadAttention):
+            raise TypeError(
+                f"module must be a torch.nn.MultiheadAttention, got {type(module).__name__}"
+            )
+        embed_dim = module.embed_dim
+        if not module.batch_first:
+            raise ValueError("module must have batch_first=True, got batch_first=False")
+        if module.kdim != embed_dim or module.vdim != embed_dim:
+            raise ValueError(
+                f"module must have kdim == vdim == embed_dim={embed_dim}, "
+                f"got kdim={module.kdim} and vdim={module.vdim}"
+            )
+        if module.bias_k is not None or module.bias_v is not None:
+            raise ValueError("module must have add_bias_kv=False, got add_bias_kv=True")
+        if module.add_zero_attn:
+            raise ValueError("module must have add_zero_attn=False, got add_zero_attn=True")
+        _check_positive_int("context_length", context_length)
+
+        qkv_bias = module.in_proj_bias is not None
+        out_bias = module.out_proj.bias is not None
+        new = cls(
+            embed_dim,
+            embed_dim,
+            context_length,
+            float(module.dropout),
+            module.num_heads,
+            qkv_bias,
+            out_bias=out_bias,
+        )
+        ref = module.in_proj_weight
+        new.to(device=ref.device, dtype=ref.dtype)
+        with torch.no_grad():
+            # in_proj_weight: (3 * embed_dim, embed_dim) -> three (embed_dim, embed_dim) blocks
+            w_q, w_k, w_v = module.in_proj_weight.chunk(3, dim=0)
+            new.W_query.weight.copy_(w_q)
+            new.W_key.weight.copy_(w_k)
+            new.W_value.weight.copy_(w_v)
+            if qkv_bias:
+                # in_proj_bias: (3 * embed_dim,) -> three (embed_dim,) blocks
+                b_q, b_k, b_v = module.in_proj_bias.chunk(3, dim=0)
+                new.W_query.bias.copy_(b_q)
+                new.W_key.bias.copy_(b_k)
+                new.W_value.bias.copy_(b_v)
+            new.out_proj.weight.copy_(module.out_proj.weight)
+            if out_bias:
+                new.out_proj.bias.copy_(module.out_proj.bias)
+        new.train(module.training)
+        return new
+
+    def to_torch(self) -> nn.MultiheadAttention:
+        """Build an equivalent ``torch.nn.MultiheadAttention(batch_first=True)``.
+
+        The reverse of :meth:`from_torch`: ``W_query``, ``W_key``, ``W_value``
+        are stacked into ``in_proj_weight`` ``(3 * d_out, d_in)``. Torch has one
+        ``bias`` flag for both the input and the output projections, so the
+        torch module has ``bias = qkv_bias or out_bias``, and a bias this module
+        lacks is filled with zeros there (the default ``qkv_bias=False,
+        out_bias=True`` gives a zero ``in_proj_bias``, which torch will train).
+        Dropout, dtype, device and training mode are copied; no memory is
+        shared.
+
+        Call the result with ``attn_mask=~attnlib.causal_mask(num_tokens)``
+        (True = blocked, torch's polarity) or ``is_causal=True`` with that mask,
+        to get this module's causal output.
+
+        Returns:
+            A ``torch.nn.MultiheadAttention`` with ``embed_dim = d_out``.
+
+        Raises:
+            ValueError: ``d_in != d_out`` (torch's self-attention uses one
+                ``embed_dim`` for both).
+
+        Source: the parameter layout of :class:`torch.nn.MultiheadAttention`.
+        """
+        if self.d_in != self.d_out:
+            raise ValueError(
+                f"to_torch needs d_in == d_out (torch's embed_dim), got d_in={self.d_in} "
+                f"and d_out={self.d_out}"
+            )
+        qkv_bias = self.W_query.bias is not None
+        out_bias = self.out_proj.bias is not None
+        ref = self.W_query.weight
+        module = nn.MultiheadAttention(
+            self.d_out,
+            self.num_heads,
+            dropout=self.dropout_p,
+            bias=qkv_bias or out_bias,
+            batch_first=True,
+            device=ref.device,
+            dtype=ref.dtype,
+        )
+        with torch.no_grad():
+            module.in_proj_weight.copy_(
+                torch.cat([self.W_query.weight, self.W_key.weight, self.W_value.weight], dim=0)
+            )  # (3 * d_out, d_in)
+            if qkv_bias:
+                module.in_proj_bias.copy_(
+                    torch.cat([self.W_query.bias, self.W_key.bias, self.W_value.bias], dim=0)
+                )  # (3 * d_out,)
+            elif out_bias:
+                module.in_proj_bias.zero_()
+            module.out_proj.weight.copy_(self.out_proj.weight)
+            if out_bias:
+                module.out_proj.bias.copy_(self.out_proj.bias)
+            elif qkv_bias:
+                module.out_proj.bias.zero_()
+        module.train(self.training)
+        return module
