@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import inspect
+import textwrap
 
 __all__ = ["show_source", "SourceCode"]
 
@@ -32,6 +34,22 @@ class SourceCode:
         return highlight(self.text, PythonLexer(), HtmlFormatter(noclasses=True, nobackground=True))
 
 
+def _drop_docstring(text: str) -> str:
+    """Remove the docstring of the function or class whose source is ``text``."""
+    tree = ast.parse(text)
+    node = tree.body[0] if tree.body else None
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return text
+    first = node.body[0]
+    if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+            and isinstance(first.value.value, str)):
+        return text
+    lines = text.split("\n")
+    # ast line numbers are 1-based and inclusive.
+    del lines[first.lineno - 1 : first.end_lineno]
+    return "\n".join(lines)
+
+
 def show_source(obj, *, docstring: bool = True) -> SourceCode:
     """Return the source code of an attnlib function, class or method.
 
@@ -50,19 +68,8 @@ def show_source(obj, *, docstring: bool = True) -> SourceCode:
         text = inspect.getsource(obj)
     except (TypeError, OSError) as exc:
         raise TypeError(f"cannot show the source of {obj!r}: {exc}") from None
-    text = inspect.cleandoc("\n" + text) if text.startswith((" ", "\t")) else text.rstrip("\n")
+    text = textwrap.dedent(text).rstrip("\n")
     if not docstring:
-        doc = inspect.getdoc(obj)
-        raw = getattr(obj, "__doc__", None)
-        if doc and raw:
-            for quote in ('"""', "'''"):
-                block = quote + raw + quote
-                start = text.find(block)
-                if start != -1:
-                    line_start = text.rfind("\n", 0, start) + 1
-                    end = start + len(block)
-                    line_end = text.find("\n", end)
-                    text = text[:line_start] + text[(line_end + 1 if line_end != -1 else end):]
-                    break
+        text = _drop_docstring(text)
     name = getattr(obj, "__qualname__", getattr(obj, "__name__", repr(obj)))
     return SourceCode(text, name)

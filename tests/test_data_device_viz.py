@@ -84,6 +84,9 @@ def test_show_source_returns_the_package_code():
     bare = attnlib.show_source(attnlib.softmax, docstring=False)
     assert "Numerically stable softmax" not in str(bare)
     assert "x.amax(dim=dim, keepdim=True)" in str(bare)
+    method = attnlib.show_source(attnlib.MultiHeadAttention.forward, docstring=False)
+    assert str(method).startswith("def forward(")
+    assert '"""' not in str(method) and "return" in str(method)
     with pytest.raises(TypeError, match="cannot show the source of"):
         attnlib.show_source(len)
 
