@@ -33,6 +33,7 @@ from .functional import (
     softmax,
     softmax_naive,
 )
+from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, sinusoidal_encoding
 from .source import show_source
 from .viz import plot_attention
 
@@ -41,10 +42,12 @@ __version__ = "0.1.0"
 __all__ = [
     "CausalAttention",
     "JOURNEY_TOKENS",
+    "LearnedPositionalEmbedding",
     "MultiHeadAttention",
     "MultiHeadAttentionWrapper",
     "SelfAttention_v1",
     "SelfAttention_v2",
+    "SinusoidalPositionalEncoding",
     "causal_mask",
     "data",
     "device",
@@ -57,6 +60,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "show_source",
     "simplified_attention",
+    "sinusoidal_encoding",
     "softmax",
     "softmax_naive",
     "viz",

@@ -1,1 +1,349 @@
-"""Positional encodings (placeholder: written in a later commit)."""
+"""Positional encodings: telling attention where each token sits.
+
+Self-attention on its own treats its input as a set: permute the tokens and the
+outputs are permuted the same way (it is *permutation-equivariant*). Adding a
+vector that depends on the position to each token's embedding breaks that
+symmetry. Two classic choices live here:
+
+* fixed sinusoidal encodings (Vaswani et al., 2017, section 3.5):
+  :func:`sinusoidal_encoding` and the module :class:`SinusoidalPositionalEncoding`;
+* learned absolute position embeddings, one trainable vector per position, as in
+  GPT-2 (Radford et al., 2019): :class:`LearnedPositionalEmbedding`.
+
+Shape legend used in every docstring here:
+
+* ``batch``: sequences in a batch (optional where stated).
+* ``num_tokens``: tokens in each sequence; at most ``context_length``.
+* ``num_positions``: rows of an encoding table (positions ``0 .. num_positions - 1``).
+* ``d_model``: size of each token embedding, and so of each position vector.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+import torch.nn as nn
+
+__all__ = [
+    "sinusoidal_encoding",
+    "sinusoidal_offset_matrix",
+    "SinusoidalPositionalEncoding",
+    "LearnedPositionalEmbedding",
+]
+
+
+def _check_size(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value}")
+
+
+def _check_base(base: object) -> None:
+    if isinstance(base, bool) or not isinstance(base, numbers.Real):
+        raise TypeError(f"base must be a float, got {type(base).__name__}")
+    if not (math.isfinite(base) and base > 0):
+        raise ValueError(f"base must be a finite positive number, got {base}")
+
+
+def _check_dtype(dtype: object) -> None:
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype}")
+
+
+def _frequencies(d_model: int, base: float) -> torch.Tensor:
+    """Angular frequency of each sin/cos pair, in float64: ``(ceil(d_model / 2),)``."""
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # 0, 2, 4, ...
+    return base ** (-two_i / d_model)  # omega_i = 1 / base^(2i / d_model)
+
+
+def _check_tokens(x: object, d_model: int, context_length: int) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"x must have a floating-point dtype, got {x.dtype}")
+    if x.ndim not in (2, 3):
+        raise ValueError(
+            "x must be (num_tokens, d_model) or (batch, num_tokens, d_model), "
+            f"got shape {tuple(x.shape)}"
+        )
+    if x.shape[-1] != d_model:
+        raise ValueError(
+            f"x has last dimension {x.shape[-1]} but the module was built for "
+            f"d_model={d_model} (x has shape {tuple(x.shape)})"
+        )
+    num_tokens = x.shape[-2]
+    if num_tokens > context_length:
+        raise ValueError(
+            f"x has num_tokens={num_tokens}, more than context_length={context_length}"
+        )
+
+
+def sinusoidal_encoding(
+    num_positions: int,
+    d_model: int,
+    base: float = 10000.0,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """The fixed sine/cosine position table of the original Transformer.
+
+    Row ``pos`` is the encoding of position ``pos``; columns come in pairs that
+    share one frequency ``omega_i = 1 / base^(2i / d_model)``::
+
+        PE[pos, 2i]     = sin(pos * omega_i)
+        PE[pos, 2i + 1] = cos(pos * omega_i)
+
+    The first pair turns fastest (``omega_0 = 1`` radian per position); the
+    wavelengths grow geometrically from ``2*pi`` to almost ``2*pi * base``.
+    Every entry lies in ``[-1, 1]``, and row 0 is ``[0, 1, 0, 1, ...]``.
+
+    An odd ``d_model`` is accepted: the formula still defines every column, and
+    the last column is a sine with no cosine partner. The relative-position
+    property (see :func:`sinusoidal_offset_matrix`) holds for the complete
+    sin/cos pairs only, so use an even ``d_model`` where that matters.
+
+    The angles are computed in float64 and then converted to ``dtype``, so
+    large positions keep their accuracy.
+
+    Args:
+        num_positions: number of positions (rows), ``0 .. num_positions - 1``.
+        d_model: size of each position vector (columns).
+        base: the constant that sets the longest wavelength. Default 10000,
+            as in the paper.
+        dtype: floating-point dtype of the result. Default ``torch.float32``.
+        device: where to put the result. Default: the current default device.
+
+    Returns:
+        A new ``(num_positions, d_model)`` tensor.
+
+    Raises:
+        TypeError: a size is not an int, ``base`` is not a real number, or
+            ``dtype`` is not a floating-point dtype.
+        ValueError: ``num_positions`` or ``d_model`` is not positive, or
+            ``base`` is not finite and positive.
+
+    Source: Vaswani et al. (2017), "Attention Is All You Need", section 3.5
+    (the ``PE`` equations).
+    """
+    _check_size("num_positions", num_positions)
+    _check_size("d_model", d_model)
+    _check_base(base)
+    _check_dtype(dtype)
+    positions = torch.arange(num_positions, dtype=torch.float64)
+    omegas = _frequencies(d_model, base)  # (ceil(d_model / 2),)
+    angles = positions[:, None] * omegas[None, :]  # (num_positions, ceil(d_model / 2))
+    encoding = torch.empty(num_positions, d_model, dtype=torch.float64)
+    encoding[:, 0::2] = torch.sin(angles)
+    encoding[:, 1::2] = torch.cos(angles[:, : d_model // 2])
+    return encoding.to(dtype=dtype, device=device)
+
+
+def sinusoidal_offset_matrix(
+    offset: int,
+    d_model: int,
+    base: float = 10000.0,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """The fixed linear map that moves a sinusoidal encoding ``offset`` positions on.
+
+    For every position ``pos``, with ``PE = sinusoidal_encoding(..., d_model, base)``::
+
+        PE[pos + offset] == M @ PE[pos]      (M = sinusoidal_offset_matrix(offset, d_model, base))
+
+    and for a whole table ``PE[offset:] == PE[:-offset] @ M.T``. ``M`` is
+    block-diagonal: pair ``i`` (columns ``2i, 2i + 1``) is turned by the angle
+    ``offset * omega_i`` with the 2 x 2 rotation ``[[cos, sin], [-sin, cos]]``,
+    by the angle-sum identities. ``M`` depends on the offset only, never on
+    ``pos``: this is the paper's reason for choosing sinusoids, that "PE_{pos+k}
+    can be represented as a linear function of PE_{pos}".
+
+    Args:
+        offset: how many positions to move (negative moves back).
+        d_model: size of each position vector; must be even, so that every
+            sine has its cosine partner.
+        base: as in :func:`sinusoidal_encoding`. Default 10000.
+        dtype: floating-point dtype of the result. Default ``torch.float32``.
+        device: where to put the result. Default: the current default device.
+
+    Returns:
+        A new ``(d_model, d_model)`` orthogonal, block-diagonal tensor.
+
+    Raises:
+        TypeError: ``offset`` or ``d_model`` is not an int, ``base`` is not a
+            real number, or ``dtype`` is not a floating-point dtype.
+        ValueError: ``d_model`` is not positive or is odd, or ``base`` is not
+            finite and positive.
+
+    Source: Vaswani et al. (2017), "Attention Is All You Need", section 3.5.
+    """
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise TypeError(f"offset must be an int, got {type(offset).__name__}")
+    _check_size("d_model", d_model)
+    if d_model % 2 != 0:
+        raise ValueError(
+            f"d_model={d_model} is odd: the last sine has no cosine partner, so no "
+            "linear map moves it; use an even d_model"
+        )
+    _check_base(base)
+    _check_dtype(dtype)
+    angles = offset * _frequencies(d_model, base)  # (d_model / 2,)
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    matrix = torch.zeros(d_model, d_model, dtype=torch.float64)
+    idx = torch.arange(0, d_model, 2)
+    # [sin(a + b), cos(a + b)] = [[cos b, sin b], [-sin b, cos b]] @ [sin a, cos a]
+    matrix[idx, idx] = cos
+    matrix[idx, idx + 1] = sin
+    matrix[idx + 1, idx] = -sin
+    matrix[idx + 1, idx + 1] = cos
+    return matrix.to(dtype=dtype, device=device)
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Adds the fixed sinusoidal encoding of each position to token embeddings.
+
+    ``forward(x)`` returns ``x + PE[:num_tokens]``, where ``PE`` is
+    :func:`sinusoidal_encoding` ``(context_length, d_model)``. The table is a
+    buffer, not a parameter: it moves with ``.to(device)`` but is never
+    trained, and it is not saved in the ``state_dict`` (it is rebuilt from the
+    constructor's arguments).
+
+    Args:
+        d_model: size of each token embedding.
+        context_length: the most tokens a sequence may have.
+        base: as in :func:`sinusoidal_encoding`. Default 10000.
+        dtype: dtype of the stored table. Default ``torch.float32``. The table
+            is converted to the input's dtype in ``forward``.
+        device: where to store the table. Default: the current default device.
+
+    Shape:
+        - Input ``x``: ``(batch, num_tokens, d_model)`` or ``(num_tokens, d_model)``,
+          with ``num_tokens <= context_length``.
+        - Output: the shape and dtype of ``x``.
+
+    Attributes:
+        encoding: the buffer ``(context_length, d_model)``.
+
+    Raises:
+        TypeError: (constructor) a size is not an int, ``base`` is not a real
+            number, ``dtype`` is not floating point; (forward) ``x`` is not a
+            floating-point tensor.
+        ValueError: (constructor) a size is not positive or ``base`` is not
+            finite and positive; (forward) ``x`` is not 2- or 3-dimensional, its
+            last dimension is not ``d_model``, it has more than
+            ``context_length`` tokens, or it is on another device than the table.
+
+    Source: Vaswani et al. (2017), "Attention Is All You Need", section 3.5
+    (added to the embeddings at the bottom of the encoder and decoder stacks).
+    """
+
+    encoding: torch.Tensor
+
+    def __init__(
+        self,
+        d_model: int,
+        context_length: int,
+        base: float = 10000.0,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ):
+        super().__init__()
+        _check_size("d_model", d_model)
+        _check_size("context_length", context_length)
+        table = sinusoidal_encoding(context_length, d_model, base, dtype=dtype, device=device)
+        self.d_model = d_model
+        self.context_length = context_length
+        self.base = float(base)
+        self.register_buffer("encoding", table, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_tokens(x, self.d_model, self.context_length)
+        if x.device != self.encoding.device:
+            raise ValueError(
+                f"x is on {x.device} but the encoding is on {self.encoding.device}; "
+                "move the module with .to(device)"
+            )
+        num_tokens = x.shape[-2]
+        return x + self.encoding[:num_tokens].to(x.dtype)  # (batch, num_tokens, d_model)
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, context_length={self.context_length}, base={self.base}"
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """Adds a trainable vector for each position, 0, 1, 2, ..., to token embeddings.
+
+    A lookup table ``nn.Embedding(context_length, d_model)``: ``forward(x)``
+    returns ``x + weight[:num_tokens]``, the embeddings of positions
+    ``0 .. num_tokens - 1``. The table has ``context_length * d_model``
+    parameters, initialised as ``nn.Embedding`` does (standard normal), and is
+    learned with the rest of the model. Unlike the sinusoidal table, it has
+    nothing to say about positions at or beyond ``context_length``.
+
+    Args:
+        context_length: the most tokens a sequence may have (rows of the table).
+        d_model: size of each token embedding.
+        dtype: dtype of the table. Default: PyTorch's default dtype.
+        device: where to create the table. Default: the current default device.
+
+    Shape:
+        - Input ``x``: ``(batch, num_tokens, d_model)`` or ``(num_tokens, d_model)``,
+          with ``num_tokens <= context_length``, in the table's dtype.
+        - Output: the shape of ``x``.
+
+    Attributes:
+        embedding: the ``nn.Embedding``; its ``weight`` is
+            ``(context_length, d_model)``.
+
+    Raises:
+        TypeError: (constructor) a size is not an int; (forward) ``x`` is not a
+            floating-point tensor, or its dtype differs from the table's.
+        ValueError: (constructor) a size is not positive; (forward) ``x`` is
+            not 2- or 3-dimensional, its last dimension is not ``d_model``, it
+            has more than ``context_length`` tokens, or it is on another device
+            than the table.
+
+    Source: Radford et al. (2019), "Language Models are Unsupervised Multitask
+    Learners" (GPT-2: a learned position embedding ``wpe`` added to the token
+    embedding); learned positional embeddings were compared with sinusoids in
+    Vaswani et al. (2017), section 3.5.
+    """
+
+    def __init__(
+        self,
+        context_length: int,
+        d_model: int,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ):
+        super().__init__()
+        _check_size("context_length", context_length)
+        _check_size("d_model", d_model)
+        if dtype is not None:
+            _check_dtype(dtype)
+        self.context_length = context_length
+        self.d_model = d_model
+        self.embedding = nn.Embedding(context_length, d_model, dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_tokens(x, self.d_model, self.context_length)
+        weight = self.embedding.weight
+        if x.dtype != weight.dtype:
+            raise TypeError(f"x has dtype {x.dtype} but the embedding table has {weight.dtype}")
+        if x.device != weight.device:
+            raise ValueError(
+                f"x is on {x.device} but the embedding table is on {weight.device}; "
+                "move the module with .to(device)"
+            )
+        positions = torch.arange(x.shape[-2], device=x.device)  # (num_tokens,)
+        return x + self.embedding(positions)  # (batch, num_tokens, d_model)
+
+    def extra_repr(self) -> str:
+        return f"context_length={self.context_length}, d_model={self.d_model}"

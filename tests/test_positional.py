@@ -1,0 +1,373 @@
+"""Tests for attnlib.positional: sinusoidal encodings and learned position embeddings."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import attnlib
+from attnlib.positional import (
+    LearnedPositionalEmbedding,
+    SinusoidalPositionalEncoding,
+    sinusoidal_encoding,
+    sinusoidal_offset_matrix,
+)
+
+SMALL = settings(max_examples=25, deadline=None)
+
+
+# ---------------------------------------------------------------- sinusoidal_encoding
+
+
+def test_shape_and_dtype():
+    pe = sinusoidal_encoding(7, 10)
+    assert pe.shape == (7, 10)
+    assert pe.dtype == torch.float32
+    assert sinusoidal_encoding(3, 4, dtype=torch.float64).dtype == torch.float64
+
+
+def test_position_zero_is_zero_one_pairs():
+    pe = sinusoidal_encoding(5, 8)
+    expected = torch.tensor([0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0])
+    torch.testing.assert_close(pe[0], expected, rtol=0, atol=0)
+
+
+def test_first_pair_turns_one_radian_per_position():
+    pe = sinusoidal_encoding(20, 6, dtype=torch.float64)
+    positions = torch.arange(20, dtype=torch.float64)
+    torch.testing.assert_close(pe[:, 0], torch.sin(positions))
+    torch.testing.assert_close(pe[:, 1], torch.cos(positions))
+
+
+def test_exact_values_from_the_paper_formula():
+    d_model, base = 8, 10000.0
+    pe = sinusoidal_encoding(40, d_model, base, dtype=torch.float64)
+    for pos in (1, 7, 39):
+        for i in range(d_model // 2):
+            angle = pos / base ** (2 * i / d_model)
+            assert pe[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-12)
+            assert pe[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-12)
+
+
+def test_known_numbers():
+    # PE[1, 2] = sin(1 / 10000^(2/8)) = sin(0.1); PE[2, 1] = cos(2).
+    pe = sinusoidal_encoding(3, 8)
+    assert round(pe[1, 2].item(), 4) == 0.0998
+    assert round(pe[2, 1].item(), 4) == -0.4161
+
+
+def test_base_changes_the_frequencies():
+    pe_small = sinusoidal_encoding(4, 4, base=100.0, dtype=torch.float64)
+    # omega_1 = 100^(-2/4) = 0.1
+    assert pe_small[3, 2].item() == pytest.approx(math.sin(0.3), abs=1e-12)
+    assert not torch.equal(pe_small, sinusoidal_encoding(4, 4, dtype=torch.float64))
+
+
+def test_odd_d_model_last_column_is_a_sine():
+    d_model = 5
+    pe = sinusoidal_encoding(12, d_model, dtype=torch.float64)
+    positions = torch.arange(12, dtype=torch.float64)
+    torch.testing.assert_close(pe[:, 4], torch.sin(positions / 10000.0 ** (4 / d_model)))
+    torch.testing.assert_close(pe[:, 3], torch.cos(positions / 10000.0 ** (2 / d_model)))
+
+
+def test_large_positions_keep_accuracy():
+    pe = sinusoidal_encoding(100_001, 2)
+    assert pe[100_000, 0].item() == pytest.approx(math.sin(100_000.0), abs=1e-6)
+
+
+def test_rows_are_distinct():
+    pe = sinusoidal_encoding(64, 16)
+    distances = torch.cdist(pe, pe)
+    off_diagonal = distances[~torch.eye(64, dtype=torch.bool)]
+    assert off_diagonal.min() > 1e-3
+
+
+def test_each_pair_has_unit_norm():
+    pe = sinusoidal_encoding(30, 12)
+    pair_norms = pe.view(30, 6, 2).norm(dim=-1)  # (num_positions, d_model / 2)
+    torch.testing.assert_close(pair_norms, torch.ones(30, 6))
+
+
+@SMALL
+@given(
+    num_positions=st.integers(1, 64),
+    d_model=st.integers(1, 33),
+    base=st.floats(2.0, 1e5),
+)
+def test_values_in_unit_interval_and_row_zero(num_positions, d_model, base):
+    pe = sinusoidal_encoding(num_positions, d_model, base)
+    assert pe.shape == (num_positions, d_model)
+    assert torch.isfinite(pe).all()
+    assert pe.abs().max() <= 1.0
+    expected_row0 = torch.tensor([float(j % 2) for j in range(d_model)])
+    torch.testing.assert_close(pe[0], expected_row0, rtol=0, atol=0)
+
+
+def test_device_argument():
+    pe = sinusoidal_encoding(3, 4, device="cpu")
+    assert pe.device.type == "cpu"
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(num_positions=0, d_model=4),
+         ValueError, "num_positions must be a positive int, got 0"),
+        (dict(num_positions=3, d_model=-2), ValueError, "d_model must be a positive int, got -2"),
+        (dict(num_positions=3.0, d_model=4), TypeError, "num_positions must be an int, got float"),
+        (dict(num_positions=3, d_model=True), TypeError, "d_model must be an int, got bool"),
+        (dict(num_positions=3, d_model=4, base=0.0), ValueError, "base must be a finite positive"),
+        (dict(num_positions=3, d_model=4, base=math.inf), ValueError, "got inf"),
+        (dict(num_positions=3, d_model=4, base="10000"), TypeError,
+         "base must be a float, got str"),
+        (dict(num_positions=3, d_model=4, dtype=torch.int64), TypeError,
+         "floating-point torch.dtype"),
+    ],
+)
+def test_encoding_errors(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        sinusoidal_encoding(**kwargs)
+
+
+# ---------------------------------------------------------------- relative positions
+
+
+def test_offset_matrix_moves_every_position():
+    pe = sinusoidal_encoding(50, 16, dtype=torch.float64)
+    for k in (1, 3, 10):
+        matrix = sinusoidal_offset_matrix(k, 16, dtype=torch.float64)
+        torch.testing.assert_close(pe[k:], pe[:-k] @ matrix.T)
+        torch.testing.assert_close(matrix @ pe[7], pe[7 + k])
+
+
+def test_offset_property_pair_by_pair_by_least_squares():
+    # Independently of attnlib's matrix: for each sin/cos pair, fit the best 2x2 map
+    # from PE[pos] to PE[pos + k] over all positions; it must be exact and a rotation
+    # by the angle k * omega_i.
+    d_model, k = 8, 4
+    pe = sinusoidal_encoding(60, d_model, dtype=torch.float64)
+    for i in range(d_model // 2):
+        now = pe[:-k, 2 * i : 2 * i + 2]  # (num_positions - k, 2)
+        later = pe[k:, 2 * i : 2 * i + 2]
+        solution = torch.linalg.lstsq(now, later).solution  # later = now @ solution
+        torch.testing.assert_close(now @ solution, later, atol=1e-10, rtol=0)
+        angle = k / 10000.0 ** (2 * i / d_model)
+        rotation_t = torch.tensor(
+            [[math.cos(angle), -math.sin(angle)], [math.sin(angle), math.cos(angle)]],
+            dtype=torch.float64,
+        )
+        torch.testing.assert_close(solution, rotation_t, atol=1e-8, rtol=0)
+
+
+@SMALL
+@given(
+    half_d=st.integers(1, 12),
+    offset=st.integers(-20, 20),
+    base=st.floats(2.0, 1e5),
+)
+def test_offset_matrix_is_orthogonal_and_exact(half_d, offset, base):
+    d_model = 2 * half_d
+    matrix = sinusoidal_offset_matrix(offset, d_model, base, dtype=torch.float64)
+    torch.testing.assert_close(matrix @ matrix.T, torch.eye(d_model, dtype=torch.float64))
+    n = 21
+    pe = sinusoidal_encoding(n + abs(offset), d_model, base, dtype=torch.float64)
+    start = max(0, -offset)
+    now = pe[start : start + n]  # positions pos
+    later = pe[start + offset : start + offset + n]  # positions pos + offset
+    torch.testing.assert_close(now @ matrix.T, later)
+
+
+def test_offset_matrix_zero_is_identity_and_inverse_is_negative_offset():
+    torch.testing.assert_close(sinusoidal_offset_matrix(0, 6), torch.eye(6))
+    forward = sinusoidal_offset_matrix(5, 6, dtype=torch.float64)
+    back = sinusoidal_offset_matrix(-5, 6, dtype=torch.float64)
+    torch.testing.assert_close(forward @ back, torch.eye(6, dtype=torch.float64))
+
+
+def test_offset_matrix_errors():
+    with pytest.raises(ValueError, match="d_model=5 is odd"):
+        sinusoidal_offset_matrix(1, 5)
+    with pytest.raises(TypeError, match="offset must be an int, got float"):
+        sinusoidal_offset_matrix(1.5, 4)
+    with pytest.raises(ValueError, match="d_model must be a positive int, got 0"):
+        sinusoidal_offset_matrix(1, 0)
+
+
+# ---------------------------------------------------------------- SinusoidalPositionalEncoding
+
+
+def test_sinusoidal_module_adds_the_table():
+    torch.manual_seed(0)
+    module = SinusoidalPositionalEncoding(d_model=6, context_length=10)
+    x = torch.randn(2, 4, 6)
+    out = module(x)
+    expected = x + sinusoidal_encoding(10, 6)[:4]
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    # Each sequence in the batch gets the same positions.
+    torch.testing.assert_close(out[0] - x[0], out[1] - x[1])
+
+
+def test_sinusoidal_module_accepts_unbatched_input_and_does_not_mutate():
+    x = attnlib.journey_embeddings()
+    before = x.clone()
+    out = SinusoidalPositionalEncoding(3, 6)(x)
+    assert out.shape == (6, 3)
+    torch.testing.assert_close(x, before, rtol=0, atol=0)
+    torch.testing.assert_close(out, before + sinusoidal_encoding(6, 3), rtol=0, atol=0)
+
+
+def test_sinusoidal_module_buffer_is_not_a_parameter():
+    module = SinusoidalPositionalEncoding(8, 16)
+    assert list(module.parameters()) == []
+    assert "encoding" in dict(module.named_buffers())
+    assert "encoding" not in module.state_dict()
+    assert not module.encoding.requires_grad
+
+
+def test_sinusoidal_module_follows_input_dtype_and_gradients_flow():
+    module = SinusoidalPositionalEncoding(4, 5)
+    x64 = torch.zeros(1, 3, 4, dtype=torch.float64, requires_grad=True)
+    out = module(x64)
+    assert out.dtype == torch.float64
+    out.sum().backward()
+    torch.testing.assert_close(x64.grad, torch.ones_like(x64))
+
+
+def test_sinusoidal_module_repr():
+    assert "context_length=16" in repr(SinusoidalPositionalEncoding(8, 16))
+
+
+@SMALL
+@given(
+    batch=st.integers(1, 3),
+    num_tokens=st.integers(1, 12),
+    extra=st.integers(0, 5),
+    d_model=st.integers(1, 16),
+)
+def test_sinusoidal_module_property(batch, num_tokens, extra, d_model):
+    generator = torch.Generator().manual_seed(batch * 1000 + num_tokens * 10 + d_model)
+    x = torch.randn(batch, num_tokens, d_model, generator=generator)
+    out = SinusoidalPositionalEncoding(d_model, num_tokens + extra)(x)
+    assert out.shape == x.shape
+    torch.testing.assert_close(out - x, sinusoidal_encoding(num_tokens, d_model).expand_as(x))
+
+
+@pytest.mark.parametrize(
+    "x, error, match",
+    [
+        (torch.zeros(1, 4, 5), ValueError, "last dimension 5 .* d_model=6"),
+        (torch.zeros(1, 11, 6), ValueError, "num_tokens=11, more than context_length=10"),
+        (torch.zeros(6), ValueError, r"got shape \(6,\)"),
+        (torch.zeros(1, 1, 4, 6), ValueError, r"got shape \(1, 1, 4, 6\)"),
+        (torch.zeros(1, 4, 6, dtype=torch.long), TypeError,
+         "floating-point dtype, got torch.int64"),
+        ([[0.0] * 6], TypeError, "x must be a torch.Tensor, got list"),
+    ],
+)
+def test_sinusoidal_module_forward_errors(x, error, match):
+    with pytest.raises(error, match=match):
+        SinusoidalPositionalEncoding(6, 10)(x)
+
+
+def test_sinusoidal_module_constructor_errors():
+    with pytest.raises(ValueError, match="context_length must be a positive int, got 0"):
+        SinusoidalPositionalEncoding(4, 0)
+    with pytest.raises(ValueError, match="d_model must be a positive int, got -1"):
+        SinusoidalPositionalEncoding(-1, 4)
+
+
+# ---------------------------------------------------------------- LearnedPositionalEmbedding
+
+
+def test_learned_parameter_count_and_shape():
+    module = LearnedPositionalEmbedding(context_length=1024, d_model=768)
+    assert sum(p.numel() for p in module.parameters()) == 1024 * 768
+    assert module.embedding.weight.shape == (1024, 768)
+    assert module.embedding.weight.requires_grad
+
+
+def test_learned_adds_rows_zero_to_num_tokens():
+    torch.manual_seed(123)
+    module = LearnedPositionalEmbedding(8, 3)
+    x = torch.randn(2, 5, 3)
+    out = module(x)
+    torch.testing.assert_close(out, x + module.embedding.weight[:5], rtol=0, atol=0)
+
+
+def test_learned_is_seeded_and_trainable():
+    torch.manual_seed(7)
+    a = LearnedPositionalEmbedding(4, 2)
+    torch.manual_seed(7)
+    b = LearnedPositionalEmbedding(4, 2)
+    torch.testing.assert_close(a.embedding.weight, b.embedding.weight, rtol=0, atol=0)
+    out = a(torch.zeros(1, 3, 2))
+    out.sum().backward()
+    grad = a.embedding.weight.grad
+    torch.testing.assert_close(grad[:3], torch.ones(3, 2))
+    torch.testing.assert_close(grad[3], torch.zeros(2))  # position 3 was not used
+
+
+@pytest.mark.parametrize(
+    "x, error, match",
+    [
+        (torch.zeros(1, 4, 5), ValueError, "last dimension 5 .* d_model=3"),
+        (torch.zeros(9, 3), ValueError, "num_tokens=9, more than context_length=8"),
+        (torch.zeros(1, 4, 3, dtype=torch.float64), TypeError, "dtype torch.float64 but the"),
+        (torch.zeros(1, 4, 3, dtype=torch.int32), TypeError, "floating-point dtype"),
+        ("tokens", TypeError, "x must be a torch.Tensor, got str"),
+    ],
+)
+def test_learned_forward_errors(x, error, match):
+    with pytest.raises(error, match=match):
+        LearnedPositionalEmbedding(8, 3)(x)
+
+
+def test_learned_constructor_errors():
+    with pytest.raises(ValueError, match="context_length must be a positive int, got 0"):
+        LearnedPositionalEmbedding(0, 4)
+    with pytest.raises(TypeError, match="d_model must be an int, got float"):
+        LearnedPositionalEmbedding(4, 2.0)
+
+
+# ---------------------------------------------------------------- why positions matter
+
+
+def _shuffle_test_attention(x, w_q, w_k, w_v, **kwargs):
+    return attnlib.scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v, **kwargs)
+
+
+@SMALL
+@given(num_tokens=st.integers(2, 10), d_in=st.integers(1, 8), seed=st.integers(0, 2**16))
+def test_attention_without_positions_is_permutation_equivariant(num_tokens, d_in, seed):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_tokens, d_in, generator=generator, dtype=torch.float64)
+    w_q, w_k, w_v = (
+        torch.randn(d_in, 4, generator=generator, dtype=torch.float64) for _ in range(3)
+    )
+    perm = torch.randperm(num_tokens, generator=generator)
+    out = _shuffle_test_attention(x, w_q, w_k, w_v)
+    torch.testing.assert_close(_shuffle_test_attention(x[perm], w_q, w_k, w_v), out[perm])
+
+
+def test_positions_break_permutation_equivariance():
+    generator = torch.Generator().manual_seed(0)
+    x = attnlib.journey_embeddings().double()
+    w_q, w_k, w_v = (torch.randn(3, 4, generator=generator, dtype=torch.float64) for _ in range(3))
+    perm = torch.tensor([5, 4, 3, 2, 1, 0])
+    add_positions = SinusoidalPositionalEncoding(3, 6, dtype=torch.float64)
+    out = _shuffle_test_attention(add_positions(x), w_q, w_k, w_v)
+    shuffled = _shuffle_test_attention(add_positions(x[perm]), w_q, w_k, w_v)
+    assert not torch.allclose(shuffled, out[perm], atol=1e-3)
+
+
+def test_causal_mask_breaks_permutation_equivariance():
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 3, generator=generator, dtype=torch.float64)
+    w_q, w_k, w_v = (torch.randn(3, 3, generator=generator, dtype=torch.float64) for _ in range(3))
+    perm = torch.tensor([4, 3, 2, 1, 0])
+    out = _shuffle_test_attention(x, w_q, w_k, w_v, is_causal=True)
+    shuffled = _shuffle_test_attention(x[perm], w_q, w_k, w_v, is_causal=True)
+    assert not torch.allclose(shuffled, out[perm], atol=1e-3)
