@@ -88,6 +88,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .attention import _check_positive_int
+
 __all__ = [
     "CONTESTANTS",
     "MODES",
@@ -149,13 +151,6 @@ class Contestant:
     make_inputs: Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
     params: tuple[torch.Tensor, ...]
     full_layer: bool = True
-
-
-def _check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {name}={value}")
 
 
 def _check_heads(d_model: int, num_heads: int) -> None:

@@ -26,19 +26,14 @@ import numbers
 import torch
 import torch.nn as nn
 
+from .attention import _check_positive_int
+
 __all__ = [
     "sinusoidal_encoding",
     "sinusoidal_offset_matrix",
     "SinusoidalPositionalEncoding",
     "LearnedPositionalEmbedding",
 ]
-
-
-def _check_size(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value}")
 
 
 def _check_base(base: object) -> None:
@@ -129,8 +124,8 @@ def sinusoidal_encoding(
     Source: Vaswani et al. (2017), "Attention Is All You Need", section 3.5
     (the ``PE`` equations).
     """
-    _check_size("num_positions", num_positions)
-    _check_size("d_model", d_model)
+    _check_positive_int("num_positions", num_positions)
+    _check_positive_int("d_model", d_model)
     _check_base(base)
     _check_dtype(dtype)
     positions = torch.arange(num_positions, dtype=torch.float64)
@@ -184,7 +179,7 @@ def sinusoidal_offset_matrix(
     """
     if isinstance(offset, bool) or not isinstance(offset, int):
         raise TypeError(f"offset must be an int, got {type(offset).__name__}")
-    _check_size("d_model", d_model)
+    _check_positive_int("d_model", d_model)
     if d_model % 2 != 0:
         raise ValueError(
             f"d_model={d_model} is odd: the last sine has no cosine partner, so no "
@@ -254,8 +249,8 @@ class SinusoidalPositionalEncoding(nn.Module):
         device: torch.device | str | None = None,
     ):
         super().__init__()
-        _check_size("d_model", d_model)
-        _check_size("context_length", context_length)
+        _check_positive_int("d_model", d_model)
+        _check_positive_int("context_length", context_length)
         table = sinusoidal_encoding(context_length, d_model, base, dtype=dtype, device=device)
         self.d_model = d_model
         self.context_length = context_length
@@ -324,8 +319,8 @@ class LearnedPositionalEmbedding(nn.Module):
         device: torch.device | str | None = None,
     ):
         super().__init__()
-        _check_size("context_length", context_length)
-        _check_size("d_model", d_model)
+        _check_positive_int("context_length", context_length)
+        _check_positive_int("d_model", d_model)
         if dtype is not None:
             _check_dtype(dtype)
         self.context_length = context_length

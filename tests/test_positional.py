@@ -115,8 +115,8 @@ def test_device_argument():
     "kwargs, error, match",
     [
         (dict(num_positions=0, d_model=4),
-         ValueError, "num_positions must be a positive int, got 0"),
-        (dict(num_positions=3, d_model=-2), ValueError, "d_model must be a positive int, got -2"),
+         ValueError, "num_positions must be a positive int, got num_positions=0"),
+        (dict(num_positions=3, d_model=-2), ValueError, "d_model must be a positive int, got d_model=-2"),
         (dict(num_positions=3.0, d_model=4), TypeError, "num_positions must be an int, got float"),
         (dict(num_positions=3, d_model=True), TypeError, "d_model must be an int, got bool"),
         (dict(num_positions=3, d_model=4, base=0.0), ValueError, "base must be a finite positive"),
@@ -192,7 +192,7 @@ def test_offset_matrix_errors():
         sinusoidal_offset_matrix(1, 5)
     with pytest.raises(TypeError, match="offset must be an int, got float"):
         sinusoidal_offset_matrix(1.5, 4)
-    with pytest.raises(ValueError, match="d_model must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="d_model must be a positive int, got d_model=0"):
         sinusoidal_offset_matrix(1, 0)
 
 
@@ -273,9 +273,9 @@ def test_sinusoidal_module_forward_errors(x, error, match):
 
 
 def test_sinusoidal_module_constructor_errors():
-    with pytest.raises(ValueError, match="context_length must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="context_length must be a positive int, got context_length=0"):
         SinusoidalPositionalEncoding(4, 0)
-    with pytest.raises(ValueError, match="d_model must be a positive int, got -1"):
+    with pytest.raises(ValueError, match="d_model must be a positive int, got d_model=-1"):
         SinusoidalPositionalEncoding(-1, 4)
 
 
@@ -326,7 +326,7 @@ def test_learned_forward_errors(x, error, match):
 
 
 def test_learned_constructor_errors():
-    with pytest.raises(ValueError, match="context_length must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="context_length must be a positive int, got context_length=0"):
         LearnedPositionalEmbedding(0, 4)
     with pytest.raises(TypeError, match="d_model must be an int, got float"):
         LearnedPositionalEmbedding(4, 2.0)
