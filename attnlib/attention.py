@@ -33,13 +33,15 @@ numbers, are the book's.
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from . import functional as attn_functional
+from ._validation import check_bool as _check_bool
+from ._validation import check_dropout as _check_dropout
+from ._validation import check_input as _check_input
+from ._validation import check_positive_int as _check_positive_int
 from .functional import causal_mask
 
 __all__ = [
@@ -49,58 +51,6 @@ __all__ = [
     "MultiHeadAttentionWrapper",
     "MultiHeadAttention",
 ]
-
-
-# ---------------------------------------------------------------------------
-# Argument checks (run before any computation; errors name the value)
-# ---------------------------------------------------------------------------
-
-
-def _check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {name}={value}")
-
-
-def _check_bool(name: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-
-
-def _check_dropout(dropout: object) -> None:
-    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real):
-        raise TypeError(f"dropout must be a float, got {type(dropout).__name__}")
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), got dropout={dropout}")
-
-
-def _check_input(
-    x: object, d_in: int, ndims: tuple[int, ...], context_length: int | None = None
-) -> None:
-    """Cheap checks of a forward input: type, rank, ``d_in`` and length (no tensor ops)."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"x must have a floating-point dtype, got {x.dtype}")
-    if x.ndim not in ndims:
-        expected = (
-            "(batch, num_tokens, d_in)"
-            if ndims == (3,)
-            else "(num_tokens, d_in) or (batch, num_tokens, d_in)"
-        )
-        raise ValueError(f"x must be {expected}, got {x.ndim}-D shape {tuple(x.shape)}")
-    if x.shape[-1] != d_in:
-        raise ValueError(
-            f"x.shape[-1]={x.shape[-1]} does not match d_in={d_in} (x has shape {tuple(x.shape)})"
-        )
-    num_tokens = x.shape[-2]
-    if num_tokens == 0:
-        raise ValueError(f"x must hold at least one token, got shape {tuple(x.shape)}")
-    if context_length is not None and num_tokens > context_length:
-        raise ValueError(
-            f"num_tokens={num_tokens} exceeds context_length={context_length}"
-        )
 
 
 def _register_causal_mask(module: nn.Module, context_length: int) -> None:
@@ -180,11 +130,13 @@ class SelfAttention_v1(nn.Module):
             ``context_vec``: ``(num_tokens, d_out)`` or ``(batch, num_tokens, d_out)``.
 
         Raises:
-            TypeError: ``x`` is not a floating-point tensor.
+            TypeError: ``x`` is not a floating-point tensor, or its dtype
+                differs from the module's parameters (a device mismatch is a
+                ValueError).
             ValueError: ``x`` is not 2- or 3-D, ``x.shape[-1] != d_in``, or ``x``
                 has no tokens.
         """
-        _check_input(x, self.d_in, (2, 3))
+        _check_input(x, self.d_in, (2, 3), like=self.W_query)
         keys = x @ self.W_key  # (..., num_tokens, d_out)
         queries = x @ self.W_query  # (..., num_tokens, d_out)
         values = x @ self.W_value  # (..., num_tokens, d_out)
@@ -248,11 +200,13 @@ class SelfAttention_v2(nn.Module):
             ``context_vec``: ``(num_tokens, d_out)`` or ``(batch, num_tokens, d_out)``.
 
         Raises:
-            TypeError: ``x`` is not a floating-point tensor.
+            TypeError: ``x`` is not a floating-point tensor, or its dtype
+                differs from the module's parameters (a device mismatch is a
+                ValueError).
             ValueError: ``x`` is not 2- or 3-D, ``x.shape[-1] != d_in``, or ``x``
                 has no tokens.
         """
-        _check_input(x, self.d_in, (2, 3))
+        _check_input(x, self.d_in, (2, 3), like=self.W_query.weight)
         keys = self.W_key(x)  # (..., num_tokens, d_out)
         queries = self.W_query(x)  # (..., num_tokens, d_out)
         values = self.W_value(x)  # (..., num_tokens, d_out)
@@ -355,12 +309,14 @@ class CausalAttention(nn.Module):
             the weights actually applied to the values, after dropout.
 
         Raises:
-            TypeError: ``x`` is not a floating-point tensor, or
+            TypeError: ``x`` is not a floating-point tensor or its dtype
+                differs from the module's parameters (a device mismatch is a
+                ValueError), or
                 ``return_weights`` is not a bool.
             ValueError: ``x`` is not 2- or 3-D, ``x.shape[-1] != d_in``, ``x``
                 has no tokens, or ``num_tokens > context_length``.
         """
-        _check_input(x, self.d_in, (2, 3), self.context_length)
+        _check_input(x, self.d_in, (2, 3), self.context_length, like=self.W_query.weight)
         _check_bool("return_weights", return_weights)
         num_tokens = x.shape[-2]
         keys = self.W_key(x)  # (..., num_tokens, d_out)
@@ -470,7 +426,9 @@ class MultiHeadAttentionWrapper(nn.Module):
             ``(num_heads, num_tokens, num_tokens)``), after dropout.
 
         Raises:
-            TypeError: ``x`` is not a floating-point tensor, or
+            TypeError: ``x`` is not a floating-point tensor or its dtype
+                differs from the module's parameters (a device mismatch is a
+                ValueError), or
                 ``return_weights`` is not a bool.
             ValueError: ``x`` is not 2- or 3-D, ``x.shape[-1] != d_in``, ``x``
                 has no tokens, or ``num_tokens > context_length``.
@@ -609,12 +567,14 @@ class MultiHeadAttention(nn.Module):
             the weights applied to the values, after dropout.
 
         Raises:
-            TypeError: ``x`` is not a floating-point tensor, or
+            TypeError: ``x`` is not a floating-point tensor or its dtype
+                differs from the module's parameters (a device mismatch is a
+                ValueError), or
                 ``return_weights`` is not a bool.
             ValueError: ``x`` is not 3-D, ``x.shape[-1] != d_in``, ``x`` has no
                 tokens, or ``num_tokens > context_length``.
         """
-        _check_input(x, self.d_in, (3,), self.context_length)
+        _check_input(x, self.d_in, (3,), self.context_length, like=self.W_query.weight)
         _check_bool("return_weights", return_weights)
         b, num_tokens, _ = x.shape
         num_heads, head_dim = self.num_heads, self.head_dim

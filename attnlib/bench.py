@@ -88,7 +88,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .attention import _check_positive_int
+from ._validation import check_positive_int as _check_positive_int
 
 __all__ = [
     "CONTESTANTS",

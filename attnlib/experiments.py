@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .functional import _check_float_tensor, softmax
+from ._validation import check_float_tensor as _check_float_tensor
+from .functional import softmax
 
 __all__ = [
     "DotProductVariance",

@@ -21,6 +21,10 @@ import numbers
 
 import torch
 
+from ._validation import check_bool, check_int, type_name
+from ._validation import check_dim as _check_dim
+from ._validation import check_float_tensor as _check_float_tensor
+
 __all__ = [
     "softmax_naive",
     "softmax",
@@ -28,24 +32,6 @@ __all__ = [
     "causal_mask",
     "scaled_dot_product_attention",
 ]
-
-
-def _check_float_tensor(name: str, x: object, min_ndim: int = 1) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must have a floating-point dtype, got {x.dtype}")
-    if x.ndim < min_ndim:
-        raise ValueError(
-            f"{name} must have at least {min_ndim} dimension(s), got shape {tuple(x.shape)}"
-        )
-
-
-def _check_dim(x: torch.Tensor, dim: object) -> None:
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
-    if not -x.ndim <= dim < x.ndim:
-        raise ValueError(f"dim={dim} is out of range for a tensor with {x.ndim} dimension(s)")
 
 
 def softmax_naive(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -60,7 +46,8 @@ def softmax_naive(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         dim: the dimension whose entries are normalised to sum to 1.
 
     Returns:
-        A tensor of the shape and dtype of ``x``.
+        A tensor of the shape and dtype of ``x`` (empty if ``x`` is empty
+        along ``dim``, as with :func:`torch.softmax`).
 
     Raises:
         TypeError: ``x`` is not a floating-point tensor, or ``dim`` is not an int.
@@ -70,7 +57,9 @@ def softmax_naive(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     *Deep Learning*, eq. (6.29).
     """
     _check_float_tensor("x", x)
-    _check_dim(x, dim)
+    dim = _check_dim(x, dim)
+    if x.shape[dim] == 0:
+        return torch.empty_like(x)  # nothing to normalise, as torch.softmax
     exp_x = torch.exp(x)
     return exp_x / exp_x.sum(dim=dim, keepdim=True)
 
@@ -88,7 +77,8 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         dim: the dimension whose entries are normalised to sum to 1.
 
     Returns:
-        A tensor of the shape and dtype of ``x``.
+        A tensor of the shape and dtype of ``x`` (empty if ``x`` is empty
+        along ``dim``, as with :func:`torch.softmax`).
 
     Raises:
         TypeError: ``x`` is not a floating-point tensor, or ``dim`` is not an int.
@@ -97,7 +87,9 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     Source: Goodfellow, Bengio and Courville (2016), *Deep Learning*, section 4.1.
     """
     _check_float_tensor("x", x)
-    _check_dim(x, dim)
+    dim = _check_dim(x, dim)
+    if x.shape[dim] == 0:
+        return torch.empty_like(x)  # nothing to normalise, as torch.softmax
     shifted = x - x.amax(dim=dim, keepdim=True)
     exp_x = torch.exp(shifted)
     return exp_x / exp_x.sum(dim=dim, keepdim=True)
@@ -162,18 +154,15 @@ def causal_mask(
         pass ``~causal_mask(n)`` there.)
 
     Raises:
-        TypeError: a size is not an int.
+        TypeError: a size is not an integer (Python or NumPy; bools are refused).
         ValueError: a size is negative.
 
     Source: the decoder masking of Vaswani et al. (2017), section 3.2.3.
     """
     if num_tokens_kv is None:
         num_tokens_kv = num_tokens
-    for name, value in (("num_tokens", num_tokens), ("num_tokens_kv", num_tokens_kv)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
+    num_tokens = check_int("num_tokens", num_tokens, minimum=0)
+    num_tokens_kv = check_int("num_tokens_kv", num_tokens_kv, minimum=0)
     ones = torch.ones(num_tokens, num_tokens_kv, dtype=torch.bool, device=device)
     return torch.tril(ones)
 
@@ -205,21 +194,20 @@ def _check_sdpa_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale
             f"{tuple(query.shape[:-2])}, {tuple(key.shape[:-2])} and {tuple(value.shape[:-2])}"
         )
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
-        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
+        raise TypeError(f"dropout_p must be a float, got {type_name(dropout_p)}")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    check_bool("is_causal", is_causal)
     if scale is not None:
         if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-            raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+            raise TypeError(f"scale must be a float or None, got {type_name(scale)}")
         if not math.isfinite(scale):
             raise ValueError(f"scale must be finite, got {scale}")
     if attn_mask is not None:
         if is_causal:
             raise ValueError("give either attn_mask or is_causal=True, not both")
         if not isinstance(attn_mask, torch.Tensor):
-            raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+            raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type_name(attn_mask)}")
         if attn_mask.dtype != torch.bool and attn_mask.dtype != query.dtype:
             raise TypeError(
                 f"attn_mask must be bool or have the query's dtype {query.dtype}, got {attn_mask.dtype}"
@@ -310,11 +298,13 @@ def scaled_dot_product_attention(
     if allowed is not None:
         attn_scores = attn_scores.masked_fill(~allowed, float("-inf"))
 
-    attn_weights = torch.softmax(attn_scores, dim=-1)
-    if allowed is not None:
-        # A row with no allowed key is all -inf, and softmax gives nan there;
-        # torch returns zeros for such rows, and so do we.
-        attn_weights = attn_weights.masked_fill(~allowed, 0.0)
+    # A query row that no key may be attended from is all -inf (bool mask,
+    # causal mask with more queries than keys, or a float mask of -inf), and
+    # softmax would give nan there. torch returns zeros for such rows; so do we.
+    # Filling the row's scores with 0 first keeps nan out of the gradient too.
+    dead_rows = attn_scores.amax(dim=-1, keepdim=True) == float("-inf")  # (..., N_q, 1)
+    attn_scores = attn_scores.masked_fill(dead_rows, 0.0)
+    attn_weights = torch.softmax(attn_scores, dim=-1).masked_fill(dead_rows, 0.0)
     if dropout_p > 0.0:
         attn_weights = torch.dropout(attn_weights, dropout_p, train=True)
 

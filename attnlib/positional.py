@@ -26,7 +26,7 @@ import numbers
 import torch
 import torch.nn as nn
 
-from .attention import _check_positive_int
+from ._validation import check_positive_int as _check_positive_int
 
 __all__ = [
     "sinusoidal_encoding",

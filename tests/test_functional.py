@@ -116,7 +116,7 @@ def test_causal_mask_is_lower_triangle_true_means_may_attend():
 
 
 def test_causal_mask_rejects_bad_sizes():
-    with pytest.raises(ValueError, match="num_tokens must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="num_tokens must be >= 0, got num_tokens=-1"):
         AF.causal_mask(-1)
     with pytest.raises(TypeError, match="num_tokens must be an int, got float"):
         AF.causal_mask(3.0)
