@@ -10,7 +10,7 @@ NOTEBOOKS := $(sort $(wildcard chapters/*.ipynb))
 export PATH := $(BIN):$(PATH)
 export PYTHONHASHSEED := 0
 
-.PHONY: book test execute bench clean distclean
+.PHONY: book test lint execute bench clean distclean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,8 +22,14 @@ $(STAMP): requirements.txt pyproject.toml
 book: $(STAMP)
 	$(BIN)/jupyter-book build -W -n --keep-going .
 
-test: $(STAMP)
+test: $(STAMP) lint
 	$(BIN)/python -m pytest -n 2 --dist loadfile
+
+# ruff with flake8-bugbear (settings in pyproject.toml). Notebook code lines stay
+# within the 88 characters that the book's code box shows without cutting.
+lint: $(STAMP)
+	$(BIN)/ruff check attnlib tests _ext
+	$(BIN)/ruff check --line-length 88 chapters
 
 # Re-execute every notebook in place, top to bottom in a fresh kernel, saving outputs.
 # One notebook: make execute NOTEBOOKS=chapters/03_why_scale.ipynb

@@ -33,7 +33,11 @@ from .functional import (
     softmax,
     softmax_naive,
 )
-from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, sinusoidal_encoding
+from .positional import (
+    LearnedPositionalEmbedding,
+    SinusoidalPositionalEncoding,
+    sinusoidal_encoding,
+)
 from .source import show_source
 from .viz import plot_attention
 

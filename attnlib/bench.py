@@ -806,7 +806,7 @@ def run_benchmark(
                     continue
                 ratio = medians["attnlib"] / medians[other]
                 paired = statistics.median(
-                    a / o for a, o in zip(times["attnlib"], times[other]))
+                    a / o for a, o in zip(times["attnlib"], times[other], strict=False))
                 verdicts.append({
                     "target": f"attnlib_vs_{other}", "mode": mode, "seq_len": num_tokens,
                     "ratio": ratio, "paired_ratio": paired, "threshold": threshold,

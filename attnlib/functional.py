@@ -172,11 +172,13 @@ def _check_sdpa_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale
         _check_float_tensor(name, t, min_ndim=2)
     if not (query.dtype == key.dtype == value.dtype):
         raise TypeError(
-            f"query, key and value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}"
+            "query, key and value must share a dtype, got "
+            f"{query.dtype}, {key.dtype}, {value.dtype}"
         )
     if not (query.device == key.device == value.device):
         raise ValueError(
-            f"query, key and value must be on one device, got {query.device}, {key.device}, {value.device}"
+            "query, key and value must be on one device, got "
+            f"{query.device}, {key.device}, {value.device}"
         )
     if query.shape[-1] != key.shape[-1]:
         raise ValueError(
@@ -210,7 +212,8 @@ def _check_sdpa_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale
             raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type_name(attn_mask)}")
         if attn_mask.dtype != torch.bool and attn_mask.dtype != query.dtype:
             raise TypeError(
-                f"attn_mask must be bool or have the query's dtype {query.dtype}, got {attn_mask.dtype}"
+                f"attn_mask must be bool or have the query's dtype {query.dtype}, "
+                f"got {attn_mask.dtype}"
             )
         scores_shape = (*query.shape[:-1], key.shape[-2])
         try:

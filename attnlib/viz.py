@@ -83,7 +83,8 @@ def plot_attention(
         if n_q == n_kv:
             ax.set_yticklabels(tokens)
     if annotate:
-        threshold = 0.6 * (vmax if vmax is not None else float(weights.max())) if weights.numel() else 0.0
+        top = vmax if vmax is not None else float(weights.max()) if weights.numel() else 0.0
+        threshold = 0.6 * top
         for i in range(n_q):
             for j in range(n_kv):
                 value = float(weights[i, j])

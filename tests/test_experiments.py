@@ -62,14 +62,14 @@ def _relative_se_of_variance(d_k: int, n: int) -> float:
 
 def test_unscaled_variance_is_d_k_within_5_standard_errors(variance_sweep):
     n = variance_sweep.num_samples
-    for d_k, measured in zip(variance_sweep.d_ks, variance_sweep.unscaled_variance.tolist()):
+    for d_k, measured in zip(variance_sweep.d_ks, variance_sweep.unscaled_variance.tolist(), strict=False):
         tolerance = 5 * d_k * _relative_se_of_variance(d_k, n)
         assert abs(measured - d_k) <= tolerance, (d_k, measured, tolerance)
 
 
 def test_scaled_variance_is_one_within_5_standard_errors(variance_sweep):
     n = variance_sweep.num_samples
-    for d_k, measured in zip(variance_sweep.d_ks, variance_sweep.scaled_variance.tolist()):
+    for d_k, measured in zip(variance_sweep.d_ks, variance_sweep.scaled_variance.tolist(), strict=False):
         tolerance = 5 * _relative_se_of_variance(d_k, n)  # at most 0.14
         assert abs(measured - 1.0) <= tolerance, (d_k, measured, tolerance)
 
@@ -77,7 +77,7 @@ def test_scaled_variance_is_one_within_5_standard_errors(variance_sweep):
 def test_mean_of_dot_product_is_zero_within_5_standard_errors(variance_sweep):
     # The sample mean of X has standard error sqrt(d_k / n).
     n = variance_sweep.num_samples
-    for d_k, measured in zip(variance_sweep.d_ks, variance_sweep.mean.tolist()):
+    for d_k, measured in zip(variance_sweep.d_ks, variance_sweep.mean.tolist(), strict=False):
         assert abs(measured) <= 5 * math.sqrt(d_k / n), (d_k, measured)
 
 

@@ -173,7 +173,7 @@ def test_sdpa_gradients_match_torch():
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
         fn(*leaves, is_causal=True).pow(2).sum().backward()
         grads.append([t.grad for t in leaves])
-    for ours, theirs in zip(*grads):
+    for ours, theirs in zip(*grads, strict=False):
         torch.testing.assert_close(ours, theirs)
 
 
@@ -212,7 +212,7 @@ def test_sdpa_does_not_mutate_its_inputs():
     mask = AF.causal_mask(4)
     copies = [t.clone() for t in (q, k, v, mask)]
     AF.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.5)
-    for before, after in zip(copies, (q, k, v, mask)):
+    for before, after in zip(copies, (q, k, v, mask), strict=False):
         assert torch.equal(before, after)
 
 
