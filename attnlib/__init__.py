@@ -38,7 +38,7 @@ from .positional import (
     SinusoidalPositionalEncoding,
     sinusoidal_encoding,
 )
-from .source import show_source
+from .source import expect, show_source
 from .viz import plot_attention
 
 __version__ = "0.1.0"
@@ -55,6 +55,7 @@ __all__ = [
     "causal_mask",
     "data",
     "device",
+    "expect",
     "experiments",
     "functional",
     "get_device",

@@ -1,0 +1,24 @@
+"""Checkers for the course's exercises: they test what an answer *does*.
+
+A checker takes the learner's answer (a function, a module class or a
+tensor), probes its behaviour with seeded inputs of unequal sizes, and either
+prints one short line and returns ``True``, or raises :class:`CheckFailed`
+(an ``AssertionError``) whose message names the likely mistake. It never reads
+the answer's source and never changes the global random state.
+
+Usage in a notebook::
+
+    from attnlib.exercises import check_softmax
+    check_softmax(my_softmax)
+
+In an instructor's pytest file, call the checker inside a test: a failed check
+is a failed test. The page "Using attnlib in your own exercises" of the book
+shows both and how to add a checker.
+
+Checkers are grouped by concept in the submodules of this package and all
+re-exported here.
+"""
+
+from ._common import CheckFailed
+
+__all__ = ["CheckFailed"]
