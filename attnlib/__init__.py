@@ -41,7 +41,7 @@ from .positional import (
 from .source import expect, show_source
 from .viz import plot_attention
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "CausalAttention",

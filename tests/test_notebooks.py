@@ -28,6 +28,14 @@ def test_there_are_chapters():
     assert len(NOTEBOOKS) >= 2
 
 
+def test_the_colab_ref_is_this_release_of_attnlib():
+    import attnlib
+
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert CONFIG["repository"]["attnlib_ref"] == f"v{attnlib.__version__}"
+    assert f'version = "{attnlib.__version__}"' in pyproject
+
+
 def test_config_turns_on_colab_and_names_the_repository_once():
     url = CONFIG["repository"]["url"]
     assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", url), url
@@ -40,8 +48,14 @@ def test_setup_cell_installs_attnlib_from_the_configured_repository(path):
     nb = nbformat.read(path, as_version=4)
     first = code_cells(nb)[0].source
     url = CONFIG["repository"]["url"]
-    assert f'"attnlib @ git+{url}"' in first, f"{path.name}: setup cell does not install from {url}"
+    ref = CONFIG["repository"]["attnlib_ref"]
+    assert f'ATTNLIB_REPO = "{url}"' in first, f"{path.name}: setup cell does not install from {url}"
+    assert f'ATTNLIB_REF = "{ref}"' in first, f"{path.name}: setup cell does not pin ref {ref}"
+    assert 'f"attnlib @ git+{ATTNLIB_REPO}@{ATTNLIB_REF}"' in first
     assert 'importlib.util.find_spec("attnlib") is None' in first, "must do nothing where attnlib exists"
+    assert "importlib.invalidate_caches()" in first, "a fresh install must be importable at once"
+    assert "-e" not in first.split(), "Colab installs attnlib non-editable"
+    assert "remove-cell" in code_cells(nb)[0].metadata.get("tags", []), "setup is hidden in the book"
     # Every notebook's setup cell is the same text, so one fix reaches them all.
     reference = code_cells(nbformat.read(NOTEBOOKS[0], as_version=4))[0].source
     assert first == reference
@@ -74,8 +88,15 @@ def test_gpu_cells_guard_themselves(path):
     nb = nbformat.read(path, as_version=4)
     for cell in code_cells(nb):
         if "gpu" in cell.metadata.get("tags", []):
-            assert cell.source.startswith("# NBVAL_IGNORE_OUTPUT"), "GPU output varies by machine"
+            assert "nbval-ignore-output" in cell.metadata.get("tags", []), "GPU output varies"
             assert "torch.cuda.is_available()" in cell.source, "a gpu cell must skip itself without CUDA"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_nbval_markers_are_tags_not_visible_comments(path):
+    nb = nbformat.read(path, as_version=4)
+    for cell in code_cells(nb):
+        assert "NBVAL_" not in cell.source, f"{path.name}: use the nbval-ignore-output cell tag"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
