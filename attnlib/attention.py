@@ -79,6 +79,35 @@ def _keep_own_mask(
         state_dict[key] = module.mask
 
 
+def _fused_qkv_projection(
+    x: torch.Tensor, W_query: nn.Linear, W_key: nn.Linear, W_value: nn.Linear
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Queries, keys and values of ``x`` from ONE matrix multiplication.
+
+    The three weights are stacked into one ``(d_q + 2 * d_kv, d_in)`` matrix
+    (and the biases into one vector) and applied with a single
+    :func:`torch.nn.functional.linear`: one large GEMM instead of three
+    smaller ones. The stacking is differentiable (``torch.cat``), so each of
+    ``W_query``, ``W_key`` and ``W_value`` still receives its own gradient, and
+    it is redone on every call, so an update of a parameter (in place or not)
+    is always seen.
+
+    Returns:
+        ``(queries, keys, values)``: ``(..., num_tokens, d_q)``,
+        ``(..., num_tokens, d_kv)``, ``(..., num_tokens, d_kv)``; views into
+        the one projected tensor.
+    """
+    weight = torch.cat([W_query.weight, W_key.weight, W_value.weight], dim=0)
+    # weight: (d_q + 2 * d_kv, d_in)
+    bias = None
+    if W_query.bias is not None:
+        bias = torch.cat([W_query.bias, W_key.bias, W_value.bias], dim=0)  # (d_q + 2 * d_kv,)
+    qkv = F.linear(x, weight, bias)  # (..., num_tokens, d_q + 2 * d_kv)
+    sizes = [W_query.out_features, W_key.out_features, W_value.out_features]
+    queries, keys, values = qkv.split(sizes, dim=-1)
+    return queries, keys, values
+
+
 # ---------------------------------------------------------------------------
 # Single-head self-attention
 # ---------------------------------------------------------------------------
@@ -463,11 +492,16 @@ class MultiHeadAttention(nn.Module):
 
     ``forward`` has two paths that compute the same function:
 
-    * fast (default): :func:`torch.nn.functional.scaled_dot_product_attention`
-      with ``is_causal=True``, a fused kernel that never stores the
+    * fast (default): one fused projection (the weights of ``W_query``,
+      ``W_key`` and ``W_value`` stacked into a single ``(3 * d_out, d_in)``
+      matrix, so one GEMM instead of three; each of the three ``nn.Linear``
+      layers still gets its own gradient), then
+      :func:`torch.nn.functional.scaled_dot_product_attention` with
+      ``is_causal=True``, a fused kernel that never stores the
       ``(num_tokens, num_tokens)`` weights;
-    * readable (``return_weights=True``): :func:`attnlib.scaled_dot_product_attention`
-      with the causal ``mask`` buffer, returning the per-head weights for plotting.
+    * readable (``return_weights=True``): the three projections one by one and
+      :func:`attnlib.scaled_dot_product_attention` with the causal ``mask``
+      buffer, returning the per-head weights for plotting.
 
     Parameters are created in the order ``W_query``, ``W_key``, ``W_value``,
     ``out_proj`` (the reference book's), so seeded numbers match it.
@@ -504,6 +538,26 @@ class MultiHeadAttention(nn.Module):
         ``.eval()`` for deterministic outputs. In training mode with
         ``dropout_p > 0`` the two paths draw different dropout masks, so only
         their distributions agree.
+
+    Warning:
+        The readable path computes the scores ``queries @ keys^T``, the softmax
+        and the weighted sum in the input's dtype. In float32 and float64 the
+        two paths agree to rounding. In bfloat16 or float16, and the more so
+        the larger the scores, the readable path can be less accurate than
+        torch's fused kernel (which may accumulate in float32): compare the
+        paths, or check a result, in float32 or float64.
+
+    Note:
+        Loading the reference book's ``state_dict`` into this module works
+        (its float ``mask`` is ignored, see :class:`CausalAttention`). The
+        other direction does not: this module's ``mask`` is bool and True
+        where a query **may** attend, while the reference classes
+        (Raschka 2024, ch. 3) keep a float mask that is 1 where attention is
+        **blocked**; loaded into them, attnlib's mask becomes its inverse: each
+        token then attends only to the tokens after it (and the last token to
+        none, which gives NaN). Drop the ``mask`` key
+        (``{k: v for k, v in sd.items() if not k.endswith("mask")}`` with
+        ``strict=False``) when loading attnlib's weights there.
 
     Raises:
         TypeError: a size is not an int, ``dropout`` is not a float, or
@@ -580,11 +634,17 @@ class MultiHeadAttention(nn.Module):
         num_heads, head_dim = self.num_heads, self.head_dim
 
         # Project, then split d_out into heads and move heads before tokens.
-        queries = self.W_query(x).view(b, num_tokens, num_heads, head_dim).transpose(1, 2)
+        if return_weights:  # readable: one projection per matrix, as in the chapters
+            queries, keys, values = self.W_query(x), self.W_key(x), self.W_value(x)
+        else:  # fast: the three projections as one GEMM
+            queries, keys, values = _fused_qkv_projection(
+                x, self.W_query, self.W_key, self.W_value
+            )  # each (b, num_tokens, d_out)
+        queries = queries.view(b, num_tokens, num_heads, head_dim).transpose(1, 2)
         # queries: (b, num_heads, num_tokens, head_dim)
-        keys = self.W_key(x).view(b, num_tokens, num_heads, head_dim).transpose(1, 2)
+        keys = keys.view(b, num_tokens, num_heads, head_dim).transpose(1, 2)
         # keys: (b, num_heads, num_tokens, head_dim)
-        values = self.W_value(x).view(b, num_tokens, num_heads, head_dim).transpose(1, 2)
+        values = values.view(b, num_tokens, num_heads, head_dim).transpose(1, 2)
         # values: (b, num_heads, num_tokens, head_dim)
 
         dropout_p = self.dropout_p if self.training else 0.0

@@ -238,6 +238,53 @@ def test_mha_fast_and_readable_paths_agree_in_eval_mode(qkv_bias):
     assert_close(grad_fast, grad_readable, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("qkv_bias", [False, True])
+def test_mha_fused_fast_path_gives_each_parameter_the_readable_paths_gradient(qkv_bias):
+    torch.manual_seed(11)
+    mha = MultiHeadAttention(10, 12, 9, 0.0, num_heads=3, qkv_bias=qkv_bias).double()
+    x = torch.randn(2, 9, 10, dtype=torch.float64)
+    g = torch.randn(2, 9, 12, dtype=torch.float64)
+    params = dict(mha.named_parameters())
+    fast = mha(x)
+    grads_fast = torch.autograd.grad(fast, list(params.values()), g)
+    readable, _ = mha(x, return_weights=True)
+    grads_readable = torch.autograd.grad(readable, list(params.values()), g)
+    assert_close(fast, readable, atol=1e-12, rtol=1e-10)
+    for name, gf, gr in zip(params, grads_fast, grads_readable, strict=True):
+        assert gf.abs().sum() > 0, name  # every parameter is reached
+        assert_close(gf, gr, atol=1e-12, rtol=1e-10, msg=name)
+
+
+def test_mha_fast_path_projects_with_one_matmul_and_keeps_three_linears(monkeypatch):
+    torch.manual_seed(12)
+    mha = MultiHeadAttention(6, 8, 5, 0.0, num_heads=2).eval()
+    calls = []
+    real_linear = torch.nn.functional.linear
+
+    def counting_linear(inp, weight, bias=None):
+        calls.append(tuple(weight.shape))
+        return real_linear(inp, weight, bias)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", counting_linear)
+    mha(torch.randn(2, 5, 6))
+    assert calls == [(24, 6), (8, 8)]  # one fused (3 * d_out, d_in) projection, then out_proj
+    assert [n for n, _ in mha.named_parameters()] == [
+        "W_query.weight", "W_key.weight", "W_value.weight", "out_proj.weight", "out_proj.bias"
+    ]
+
+
+def test_mha_fast_path_sees_a_parameter_changed_in_place():
+    torch.manual_seed(13)
+    mha = MultiHeadAttention(4, 4, 6, 0.0, num_heads=2).eval()
+    x = torch.randn(1, 6, 4)
+    before = mha(x)
+    with torch.no_grad():
+        mha.W_value.weight.data.mul_(2.0)  # .data does not bump the version counter
+    after = mha(x)
+    assert_close(after, mha(x, return_weights=True)[0], atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(before, after)
+
+
 def test_mha_fast_and_readable_paths_agree_in_train_mode_without_dropout():
     torch.manual_seed(2)
     mha = MultiHeadAttention(8, 8, 16, 0.0, num_heads=2)
