@@ -35,6 +35,7 @@ from .functional import (
 )
 from .positional import (
     LearnedPositionalEmbedding,
+    RotaryPositionalEmbedding,
     SinusoidalPositionalEncoding,
     sinusoidal_encoding,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "LearnedPositionalEmbedding",
     "MultiHeadAttention",
     "MultiHeadAttentionWrapper",
+    "RotaryPositionalEmbedding",
     "SelfAttention_v1",
     "SelfAttention_v2",
     "SinusoidalPositionalEncoding",

@@ -3,12 +3,15 @@
 Self-attention on its own treats its input as a set: permute the tokens and the
 outputs are permuted the same way (it is *permutation-equivariant*). Adding a
 vector that depends on the position to each token's embedding breaks that
-symmetry. Two classic choices live here:
+symmetry. Three choices live here:
 
 * fixed sinusoidal encodings (Vaswani et al., 2017, section 3.5):
   :func:`sinusoidal_encoding` and the module :class:`SinusoidalPositionalEncoding`;
 * learned absolute position embeddings, one trainable vector per position, as in
   GPT-2 (Radford et al., 2019): :class:`LearnedPositionalEmbedding`.
+* rotary position embeddings (RoPE; Su et al., 2021), which rotate queries and
+  keys inside attention instead of adding anything to the embeddings:
+  :class:`RotaryPositionalEmbedding`.
 
 Shape legend used in every docstring here:
 
@@ -16,6 +19,7 @@ Shape legend used in every docstring here:
 * ``num_tokens``: tokens in each sequence; at most ``context_length``.
 * ``num_positions``: rows of an encoding table (positions ``0 .. num_positions - 1``).
 * ``d_model``: size of each token embedding, and so of each position vector.
+* ``head_dim``: size of one head's query and key vectors (what RoPE rotates).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import numbers
 import torch
 import torch.nn as nn
 
+from ._validation import check_int, type_name
 from ._validation import check_positive_int as _check_positive_int
 
 __all__ = [
@@ -33,6 +38,7 @@ __all__ = [
     "sinusoidal_offset_matrix",
     "SinusoidalPositionalEncoding",
     "LearnedPositionalEmbedding",
+    "RotaryPositionalEmbedding",
 ]
 
 
@@ -342,3 +348,143 @@ class LearnedPositionalEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"context_length={self.context_length}, d_model={self.d_model}"
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """``[x1, x2] -> [-x2, x1]`` on the last dimension, whose halves are x1 and x2.
+
+    Rotating each pair ``(x1[i], x2[i])`` by 90 degrees: the "rotate_half" of
+    the half-split RoPE layout.
+    """
+    x1, x2 = x.chunk(2, dim=-1)  # each (..., head_dim // 2)
+    return torch.cat([-x2, x1], dim=-1)  # (..., head_dim)
+
+
+class RotaryPositionalEmbedding(nn.Module):
+    r"""Rotary position embedding (RoPE): rotate queries and keys by their position.
+
+    Each query or key vector of ``head_dim`` components is cut into
+    ``head_dim / 2`` pairs, and pair ``i`` of the vector at position ``m`` is
+    rotated by the angle ``m * theta_i``, with ``theta_i = base^(-2i / head_dim)``
+    (the frequencies of :func:`sinusoidal_encoding`). A rotation keeps a
+    vector's norm, and two rotations compose by adding angles, so
+
+    ``rope(q, m) . rope(k, n) = q . R((n - m) theta) k``
+
+    depends on the positions only through the offset ``m - n``: attention
+    scores become relative, although each vector is rotated by its absolute
+    position. Unlike the sinusoidal encoding, nothing is added to the token
+    embeddings; RoPE is applied to queries and keys inside attention (not to
+    values).
+
+    **Layout.** attnlib uses the *half-split* layout of GPT-NeoX and most
+    libraries ("rotate_half"): pair ``i`` is components ``(i, i + head_dim/2)``::
+
+        out = x * cos + rotate_half(x) * sin,   rotate_half([x1, x2]) = [-x2, x1]
+
+    with ``cos`` and ``sin`` of the angles ``m * theta_i`` repeated for both
+    halves. The paper (and Meta's original LLaMA code) pairs *adjacent*
+    components ``(2i, 2i + 1)``. The two are the same map up to a fixed
+    permutation of the components (even ones first, then odd ones), so a
+    model's weights must be used with the layout they were trained with.
+
+    Args:
+        head_dim: size of each query and key vector; must be even.
+        context_length: the most positions (``0 .. context_length - 1``).
+        base: the constant of the frequencies. Default 10000, as in the paper.
+
+    Shape:
+        - Input ``x``: ``(..., num_tokens, head_dim)``, e.g.
+          ``(batch, num_heads, num_tokens, head_dim)``; floating point.
+        - Output: the shape and dtype of ``x``; token ``t`` is rotated to
+          position ``offset + t``.
+
+    Attributes:
+        cos, sin: buffers ``(context_length, head_dim)`` of ``cos(m theta_i)``
+            and ``sin(m theta_i)`` (each frequency twice, once per half),
+            computed and kept in float64 (``.to(dtype)`` converts them); cast
+            to the input's dtype in ``forward``. Not saved in the ``state_dict``.
+
+    Raises:
+        TypeError: (constructor) a size is not an int or ``base`` is not a real
+            number; (forward) ``x`` is not a floating-point tensor, or
+            ``offset`` is not an int.
+        ValueError: (constructor) ``head_dim`` is odd or not positive,
+            ``context_length`` is not positive, or ``base`` is not finite and
+            positive; (forward) ``x`` has fewer than 2 dimensions or
+            ``x.shape[-1] != head_dim``, ``offset`` is negative,
+            ``offset + num_tokens > context_length``, or ``x`` is on another
+            device than the buffers.
+
+    Source: Su et al. (2021), "RoFormer: Enhanced Transformer with Rotary
+    Position Embedding", section 3.4, eq. (34) (adjacent-pair layout); the
+    half-split layout of GPT-NeoX (Black et al. 2022).
+    """
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def __init__(self, head_dim: int, context_length: int, base: float = 10000.0) -> None:
+        _check_positive_int("head_dim", head_dim)
+        _check_positive_int("context_length", context_length)
+        _check_base(base)
+        if head_dim % 2 != 0:
+            raise ValueError(
+                f"head_dim={head_dim} must be even: RoPE rotates pairs of components"
+            )
+        super().__init__()
+        self.head_dim = int(head_dim)
+        self.context_length = int(context_length)
+        self.base = float(base)
+        theta = _frequencies(self.head_dim, self.base)  # (head_dim // 2,), float64
+        positions = torch.arange(self.context_length, dtype=torch.float64)  # (context_length,)
+        angles = torch.outer(positions, theta)  # (context_length, head_dim // 2)
+        angles = torch.cat([angles, angles], dim=-1)  # (context_length, head_dim): both halves
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """Rotate each vector of ``x`` by the angle of its position.
+
+        Args:
+            x: ``(..., num_tokens, head_dim)`` queries or keys.
+            offset: position of the first token (``x[..., t, :]`` is at
+                position ``offset + t``). Default 0; with a KV cache, the
+                number of tokens already cached.
+
+        Returns:
+            A new tensor of the shape and dtype of ``x``.
+        """
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a torch.Tensor, got {type_name(x)}")
+        if not x.is_floating_point():
+            raise TypeError(f"x must have a floating-point dtype, got {x.dtype}")
+        if x.ndim < 2:
+            raise ValueError(
+                f"x must be (..., num_tokens, head_dim), got {x.ndim}-D shape {tuple(x.shape)}"
+            )
+        if x.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"x.shape[-1]={x.shape[-1]} does not match head_dim={self.head_dim} "
+                f"(x has shape {tuple(x.shape)})"
+            )
+        offset = check_int("offset", offset, minimum=0)
+        num_tokens = x.shape[-2]
+        if offset + num_tokens > self.context_length:
+            raise ValueError(
+                f"positions offset={offset} to {offset + num_tokens - 1} "
+                f"(num_tokens={num_tokens}) reach past context_length={self.context_length}"
+            )
+        if x.device != self.cos.device:
+            raise ValueError(
+                f"x is on {x.device} but the rotation tables are on {self.cos.device}; "
+                "move the module with .to(device)"
+            )
+        cos = self.cos[offset : offset + num_tokens].to(x.dtype)  # (num_tokens, head_dim)
+        sin = self.sin[offset : offset + num_tokens].to(x.dtype)  # (num_tokens, head_dim)
+        return x * cos + _rotate_half(x) * sin  # (..., num_tokens, head_dim)
+
+    def extra_repr(self) -> str:
+        return (
+            f"head_dim={self.head_dim}, context_length={self.context_length}, base={self.base}"
+        )

@@ -1,4 +1,4 @@
-"""Tests for attnlib.positional: sinusoidal encodings and learned position embeddings."""
+"""Tests for attnlib.positional: sinusoidal, learned and rotary position embeddings."""
 
 import math
 
@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 import attnlib
 from attnlib.positional import (
     LearnedPositionalEmbedding,
+    RotaryPositionalEmbedding,
     SinusoidalPositionalEncoding,
     sinusoidal_encoding,
     sinusoidal_offset_matrix,
@@ -371,3 +372,127 @@ def test_causal_mask_breaks_permutation_equivariance():
     out = _shuffle_test_attention(x, w_q, w_k, w_v, is_causal=True)
     shuffled = _shuffle_test_attention(x[perm], w_q, w_k, w_v, is_causal=True)
     assert not torch.allclose(shuffled, out[perm], atol=1e-3)
+
+
+# ---------------------------------------------------------------- RotaryPositionalEmbedding
+
+
+def _rope_reference(x: torch.Tensor, offset: int = 0, base: float = 10000.0) -> torch.Tensor:
+    """RoPE computed independently: complex rotation of adjacent pairs (the paper's
+    layout) after the fixed permutation that takes the half-split layout there."""
+    x = x.to(torch.float64)
+    half = x.shape[-1] // 2
+    # half-split (x1 | x2) -> adjacent pairs (x1[0], x2[0], x1[1], x2[1], ...)
+    adjacent = torch.stack([x[..., :half], x[..., half:]], dim=-1)  # (..., n, half, 2)
+    z = torch.view_as_complex(adjacent.contiguous())  # (..., n, half): x1 + i x2
+    positions = torch.arange(offset, offset + x.shape[-2], dtype=torch.float64)
+    theta = torch.tensor([base ** (-2 * i / x.shape[-1]) for i in range(half)],
+                         dtype=torch.float64)
+    rotation = torch.exp(1j * torch.outer(positions, theta))  # (n, half): e^{i m theta}
+    rotated = torch.view_as_real(z * rotation)  # (..., n, half, 2)
+    return torch.cat([rotated[..., 0], rotated[..., 1]], dim=-1)  # back to half-split
+
+
+@pytest.mark.parametrize("offset", [0, 5])
+def test_rope_matches_complex_rotation_of_adjacent_pairs_after_a_permutation(offset):
+    gen = torch.Generator().manual_seed(0)
+    rope = RotaryPositionalEmbedding(8, 32, base=100.0)
+    x = torch.randn(2, 3, 7, 8, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(
+        rope(x, offset=offset), _rope_reference(x, offset, base=100.0), atol=1e-12, rtol=0
+    )
+
+
+def test_rope_position_zero_is_the_identity_and_position_one_turns_pair_zero_one_radian():
+    rope = RotaryPositionalEmbedding(4, 4)
+    x = torch.eye(4, dtype=torch.float64)[:1].expand(2, 4)  # e_0 at positions 0 and 1
+    out = rope(x)
+    torch.testing.assert_close(out[0], x[0], atol=0, rtol=0)
+    # pair 0 is components (0, 2) in the half-split layout; theta_0 = 1 rad
+    expected = torch.tensor([math.cos(1.0), 0.0, math.sin(1.0), 0.0], dtype=torch.float64)
+    torch.testing.assert_close(out[1], expected, atol=1e-15, rtol=0)
+
+
+@SMALL
+@given(m=st.integers(0, 40), n=st.integers(0, 40), shift=st.integers(0, 20))
+def test_rope_scores_depend_only_on_the_offset(m, n, shift):
+    gen = torch.Generator().manual_seed(1)
+    rope = RotaryPositionalEmbedding(16, 64)
+    q, k = torch.randn(2, 16, generator=gen, dtype=torch.float64)
+
+    def score(pos_q, pos_k):
+        return float(rope(q[None], offset=pos_q)[0] @ rope(k[None], offset=pos_k)[0])
+
+    assert score(m, n) == pytest.approx(score(m + shift, n + shift), abs=1e-12)
+
+
+def test_rope_scores_do_change_with_the_offset():
+    # the relative property is not trivially true: a different offset, a different score
+    gen = torch.Generator().manual_seed(2)
+    rope = RotaryPositionalEmbedding(16, 64)
+    q, k = torch.randn(2, 1, 16, generator=gen, dtype=torch.float64)
+    s0 = float(rope(q, 3) @ rope(k, 3).T)
+    s1 = float(rope(q, 3) @ rope(k, 1).T)
+    assert abs(s0 - s1) > 1e-3
+
+
+def test_rope_keeps_norms_and_an_offset_equals_slicing_a_longer_call():
+    gen = torch.Generator().manual_seed(3)
+    rope = RotaryPositionalEmbedding(6, 20)
+    x = torch.randn(2, 12, 6, generator=gen, dtype=torch.float64)
+    out = rope(x)
+    torch.testing.assert_close(out.norm(dim=-1), x.norm(dim=-1), atol=1e-12, rtol=0)
+    torch.testing.assert_close(rope(x[:, 4:], offset=4), out[:, 4:], atol=0, rtol=0)
+    assert not torch.allclose(rope(x[:, 4:]), out[:, 4:])  # the offset matters
+
+
+def test_rope_keeps_dtype_shape_and_does_not_mutate_its_input():
+    rope = RotaryPositionalEmbedding(4, 8)
+    x = torch.randn(3, 2, 5, 4)
+    x_copy = x.clone()
+    out = rope(x)
+    assert out.shape == x.shape and out.dtype == torch.float32
+    assert torch.equal(x, x_copy)
+    assert rope(x.to(torch.bfloat16)).dtype == torch.bfloat16
+    assert "cos" not in rope.state_dict()
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        ((5, 8), ValueError, r"head_dim=5 must be even"),
+        ((0, 8), ValueError, r"head_dim must be a positive int, got head_dim=0"),
+        ((4, 0), ValueError, r"context_length must be a positive int"),
+        ((4.0, 8), TypeError, r"head_dim must be an int"),
+        ((4, 8, -1.0), ValueError, r"base must be a finite positive number"),
+    ],
+)
+def test_rope_constructor_errors(args, error, match):
+    with pytest.raises(error, match=match):
+        RotaryPositionalEmbedding(*args)
+
+
+def test_rope_forward_errors_name_the_numbers():
+    rope = RotaryPositionalEmbedding(4, 8)
+    with pytest.raises(ValueError, match=r"x.shape\[-1\]=6 does not match head_dim=4"):
+        rope(torch.randn(2, 6))
+    with pytest.raises(
+        ValueError, match=r"positions offset=5 to 8 \(num_tokens=4\) reach past context_length=8"
+    ):
+        rope(torch.randn(4, 4), offset=5)
+    with pytest.raises(ValueError, match=r"reach past context_length=8"):
+        rope(torch.randn(9, 4))
+    with pytest.raises(ValueError, match=r"offset must be >= 0, got offset=-1"):
+        rope(torch.randn(2, 4), offset=-1)
+    with pytest.raises(TypeError, match=r"offset must be an int, got float"):
+        rope(torch.randn(2, 4), offset=1.0)
+    with pytest.raises(ValueError, match=r"x must be \(..., num_tokens, head_dim\), got 1-D"):
+        rope(torch.randn(4))
+    with pytest.raises(TypeError, match=r"floating-point dtype, got torch.int64"):
+        rope(torch.ones(2, 4, dtype=torch.long))
+    with pytest.raises(TypeError, match=r"x must be a torch.Tensor, got list"):
+        rope([[0.0] * 4])
+
+
+def test_rope_is_exported():
+    assert attnlib.RotaryPositionalEmbedding is RotaryPositionalEmbedding
