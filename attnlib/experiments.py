@@ -9,8 +9,10 @@ grows, with and without the ``1 / sqrt(d_k)`` scale:
 * :func:`dot_product_variance` - the variance of ``q . k`` (it grows like ``d_k``).
 * :func:`softmax_peakiness` - the largest attention weight and the entropy of
   the weights (the softmax becomes one-hot).
-* :func:`softmax_gradient_norm` - the size of the softmax's Jacobian (its
-  gradients vanish), using :func:`softmax_jacobian`.
+* :func:`query_gradient_norm` - the size of the gradient that reaches each
+  query, ``d w / d q`` including the chain-rule factor of the scale (scaled,
+  it keeps one size; unscaled, it becomes heavy-tailed), built on
+  :func:`softmax_jacobian`.
 
 Every function is seeded (``seed``) and deterministic: it draws its random
 numbers in float32, computes with them in float64, and returns a small frozen
@@ -27,21 +29,22 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from ._validation import check_bool, check_int, type_name
 from ._validation import check_float_tensor as _check_float_tensor
 from .functional import softmax
 
 __all__ = [
     "DotProductVariance",
     "SoftmaxPeakiness",
-    "SoftmaxGradientNorm",
+    "QueryGradientNorm",
     "dot_product_variance",
     "softmax_peakiness",
-    "softmax_gradient_norm",
+    "query_gradient_norm",
     "softmax_jacobian",
 ]
 
@@ -68,11 +71,7 @@ def _check_d_ks(d_ks: object) -> tuple[int, ...]:
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {name}={value}")
-    return int(value)
+    return check_int(name, value, minimum=minimum)
 
 
 def _generator(seed: object) -> torch.Generator:
@@ -106,17 +105,28 @@ def _random_dot_products(d_k: int, num_samples: int, generator: torch.Generator)
     return torch.cat(dots)
 
 
+def _random_queries_and_keys(
+    d_k: int, num_tokens: int, num_samples: int, generator: torch.Generator
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``num_samples`` random queries, each with its own ``num_tokens`` random
+    keys, in chunks: yields ``queries (size, 1, d_k)`` and ``keys (size,
+    num_tokens, d_k)``, float64. Every experiment on attention weights draws
+    from here, so equal arguments give equal draws."""
+    chunk = max(1, _CHUNK_NUMEL // (num_tokens * d_k))
+    for start in range(0, num_samples, chunk):
+        size = min(chunk, num_samples - start)
+        queries = _standard_normal((size, 1, d_k), generator)
+        keys = _standard_normal((size, num_tokens, d_k), generator)
+        yield queries, keys
+
+
 def _random_attn_scores(
     d_k: int, num_tokens: int, num_samples: int, generator: torch.Generator
 ) -> torch.Tensor:
     """Unscaled scores ``q . k_j`` of one random query against ``num_tokens``
     random keys, ``num_samples`` times: ``(num_samples, num_tokens)`` float64."""
-    chunk = max(1, _CHUNK_NUMEL // (num_tokens * d_k))
     attn_scores = []
-    for start in range(0, num_samples, chunk):
-        size = min(chunk, num_samples - start)
-        queries = _standard_normal((size, 1, d_k), generator)
-        keys = _standard_normal((size, num_tokens, d_k), generator)
+    for queries, keys in _random_queries_and_keys(d_k, num_tokens, num_samples, generator):
         scores = queries @ keys.transpose(-2, -1)  # (size, 1, num_tokens)
         attn_scores.append(scores.squeeze(-2))  # (size, num_tokens)
     return torch.cat(attn_scores)  # (num_samples, num_tokens)
@@ -191,28 +201,78 @@ class SoftmaxPeakiness:
 
 
 @dataclass(frozen=True)
-class SoftmaxGradientNorm:
-    """What :func:`softmax_gradient_norm` measured, one entry per ``d_k``.
+class QueryGradientNorm:
+    """What :func:`query_gradient_norm` measured: one norm per query and ``d_k``.
+
+    The norms are kept, not only their averages, because without the scale
+    their distribution is heavy-tailed: its mean and its median tell different
+    stories, and percentiles or a histogram show both.
 
     Attributes:
         d_ks: the key dimensions, in the order given.
         num_tokens: keys each query attends over.
         num_samples: independent queries (each with its own keys) per ``d_k``.
-        unscaled_mean, scaled_mean: ``(num_d_k,)`` float64, mean over samples
-            of the Frobenius norm of the softmax Jacobian.
-        unscaled_median, scaled_median: ``(num_d_k,)`` float64, the median of
-            the same norms (the lower of the two middle values for an even
-            ``num_samples``, as :func:`torch.median`): the typical sample,
-            which a few near-ties between the two largest scores cannot pull up.
+        unscaled: ``(num_d_k, num_samples)`` float64, the Frobenius norm of
+            ``d w / d q`` for ``w = softmax(q . k_j)``.
+        scaled: ``(num_d_k, num_samples)`` float64, the same for
+            ``w = softmax(q . k_j / sqrt(d_k))``, from the same queries and keys.
     """
 
     d_ks: tuple[int, ...]
     num_tokens: int
     num_samples: int
-    unscaled_mean: torch.Tensor
-    scaled_mean: torch.Tensor
-    unscaled_median: torch.Tensor
-    scaled_median: torch.Tensor
+    unscaled: torch.Tensor
+    scaled: torch.Tensor
+
+    def _norms(self, scaled: object) -> torch.Tensor:
+        return self.scaled if check_bool("scaled", scaled) else self.unscaled
+
+    def percentile(self, p: float, *, scaled: bool) -> torch.Tensor:
+        """The ``p``-th percentile of the norms at each ``d_k``.
+
+        Args:
+            p: a number from 0 to 100 (50 is the median). Linear interpolation
+                between samples, as :func:`torch.quantile`.
+            scaled: True for the scaled arm, False for the unscaled one.
+
+        Returns:
+            ``(num_d_k,)`` float64.
+
+        Raises:
+            TypeError: ``p`` is not a real number, or ``scaled`` is not a bool.
+            ValueError: ``p`` is outside ``[0, 100]``.
+        """
+        norms = self._norms(scaled)
+        if isinstance(p, bool) or not isinstance(p, numbers.Real):
+            raise TypeError(f"p must be a number from 0 to 100, got {type_name(p)} p={p!r}")
+        if not 0 <= p <= 100:
+            raise ValueError(f"p must be from 0 to 100, got p={p}")
+        return torch.quantile(norms, float(p) / 100, dim=-1)
+
+    def median(self, *, scaled: bool) -> torch.Tensor:
+        """``(num_d_k,)`` float64: the median norm at each ``d_k`` (the typical query)."""
+        return self.percentile(50, scaled=scaled)
+
+    def mean(self, *, scaled: bool) -> torch.Tensor:
+        """``(num_d_k,)`` float64: the mean norm at each ``d_k``."""
+        return self._norms(scaled).mean(dim=-1)
+
+    def fraction_below(self, threshold: float, *, scaled: bool) -> torch.Tensor:
+        """``(num_d_k,)`` float64: the fraction of queries whose norm is below ``threshold``.
+
+        Raises:
+            TypeError: ``threshold`` is not a real number, or ``scaled`` is not a bool.
+            ValueError: ``threshold`` is not positive and finite.
+        """
+        norms = self._norms(scaled)
+        if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
+            raise TypeError(
+                f"threshold must be a positive number, got {type_name(threshold)} "
+                f"threshold={threshold!r}"
+            )
+        if not 0 < threshold < math.inf:
+            raise ValueError(f"threshold must be positive and finite, got threshold={threshold}")
+        return (norms < threshold).to(_DTYPE).mean(dim=-1)
 
 
 # --------------------------------------------------------------------------- experiments
@@ -283,8 +343,8 @@ def softmax_peakiness(
     averages over samples the largest weight and the entropy
     ``-sum_j w_j log w_j`` (nats, with ``0 log 0 = 0``).
 
-    With equal arguments, :func:`softmax_gradient_norm` draws exactly the same
-    scores, so the two experiments describe the same samples.
+    With equal arguments, :func:`query_gradient_norm` draws exactly the same
+    queries and keys, so the two experiments describe the same samples.
 
     Args:
         d_ks: key dimensions to measure; positive ints.
@@ -355,26 +415,33 @@ def softmax_jacobian(attn_weights: torch.Tensor) -> torch.Tensor:
     (2016), *Deep Learning*, section 6.2.2.3.
     """
     _check_float_tensor("attn_weights", attn_weights)
-    outer = attn_weights.unsqueeze(-1) * attn_weights.unsqueeze(-2)  # (..., num_tokens, num_tokens)
+    # w w^T, one outer product per slice: (..., num_tokens, num_tokens)
+    outer = attn_weights.unsqueeze(-1) * attn_weights.unsqueeze(-2)
     return torch.diag_embed(attn_weights) - outer
 
 
-def softmax_gradient_norm(
+def query_gradient_norm(
     d_ks: Sequence[int], num_tokens: int = 16, num_samples: int = 1_000, *, seed: int = 0
-) -> SoftmaxGradientNorm:
-    """Measure the size of softmax's gradient as ``d_k`` grows, scaled and unscaled.
+) -> QueryGradientNorm:
+    """Measure, per query, the gradient of the attention weights that reaches the query.
 
-    Draws the same scores as :func:`softmax_peakiness` with equal arguments.
-    For each sample it computes the Jacobian of the attention weights with
-    respect to the scores fed to softmax (:func:`softmax_jacobian`) and its
-    Frobenius norm, then reports the mean and the median over samples. The
-    norm is ``sqrt(num_tokens - 1) / num_tokens`` for uniform weights, 1/2
-    for weights split evenly between two keys, and 0 for one-hot weights,
-    where every gradient that flows back through the softmax vanishes.
+    Training moves ``W_q`` (and ``W_k``) only through how the attention weights
+    respond to the query (and the keys). For one query ``q`` of shape ``(d_k,)``
+    and its keys ``K`` of shape ``(num_tokens, d_k)``, the scores are
+    ``s = K q / c`` with ``c = 1`` (unscaled) or ``c = sqrt(d_k)`` (scaled), the
+    weights are ``w = softmax(s)``, and by the chain rule
 
-    In the scaled case the Jacobian is taken with respect to the scaled scores
-    ``q . k_j / sqrt(d_k)``, the softmax's own input, so that both cases
-    measure the same function at the inputs it actually receives.
+    ``d w / d q = J(w) K / c``, of shape ``(num_tokens, d_k)``,
+
+    where ``J(w) = diag(w) - w w^T`` is the softmax Jacobian
+    (:func:`softmax_jacobian`). Both factors matter: a saturated softmax makes
+    ``J`` vanish, and the scale divides the rest by ``sqrt(d_k)``. This function
+    returns the Frobenius norm of ``d w / d q`` for every query, in both arms,
+    computed from the same queries and keys. (The gradient reaching a key
+    ``k_j`` is ``J[:, j] q^T / c``, of the same make-up.)
+
+    With equal arguments it draws exactly the same queries and keys as
+    :func:`softmax_peakiness`, so the two experiments describe the same samples.
 
     Args:
         d_ks: key dimensions to measure; positive ints.
@@ -384,7 +451,9 @@ def softmax_gradient_norm(
             the order given. Default 0.
 
     Returns:
-        A :class:`SoftmaxGradientNorm` of ``(num_d_k,)`` float64 tensors.
+        A :class:`QueryGradientNorm` holding ``(num_d_k, num_samples)`` float64
+        norms per arm, with methods for the mean, median, percentiles and the
+        fraction of queries below a threshold.
 
     Raises:
         TypeError: ``d_ks`` is not a sequence of ints, or ``num_tokens``,
@@ -392,28 +461,31 @@ def softmax_gradient_norm(
         ValueError: ``d_ks`` is empty or holds a ``d_k < 1``; ``num_tokens < 2``;
             ``num_samples < 2``; ``seed < 0``.
 
-    Source: Vaswani et al. (2017), section 3.2.1 (small softmax gradients for
-    large ``d_k``, the reason for the ``1 / sqrt(d_k)`` scale).
+    Source: Vaswani et al. (2017), "Attention Is All You Need", section 3.2.1
+    and footnote 4 (large dot products push the softmax into regions with
+    extremely small gradients; the ``1 / sqrt(d_k)`` scale counteracts it).
     """
     d_ks = _check_d_ks(d_ks)
     num_tokens = _check_int("num_tokens", num_tokens, 2)
     num_samples = _check_int("num_samples", num_samples, 2)
     generator = _generator(seed)
 
-    stats = {key: [] for key in ("mean_u", "mean_s", "median_u", "median_s")}
+    unscaled, scaled = [], []
     for d_k in d_ks:
-        attn_scores = _random_attn_scores(d_k, num_tokens, num_samples, generator)
-        for tag, scores in (("u", attn_scores), ("s", attn_scores / math.sqrt(d_k))):
-            jacobian = softmax_jacobian(softmax(scores, dim=-1))  # (num_samples, N, N)
-            norms = torch.linalg.matrix_norm(jacobian)  # Frobenius, (num_samples,)
-            stats[f"mean_{tag}"].append(norms.mean())
-            stats[f"median_{tag}"].append(norms.median())
-    return SoftmaxGradientNorm(
+        norms = {1.0: [], math.sqrt(d_k): []}
+        for queries, keys in _random_queries_and_keys(d_k, num_tokens, num_samples, generator):
+            attn_scores = (queries @ keys.transpose(-2, -1)).squeeze(-2)  # (size, num_tokens)
+            for c, found in norms.items():
+                attn_weights = softmax(attn_scores / c, dim=-1)  # (size, num_tokens)
+                jac = softmax_jacobian(attn_weights)  # (size, num_tokens, num_tokens)
+                grad = jac @ keys / c  # d w / d q: (size, num_tokens, d_k)
+                found.append(torch.linalg.matrix_norm(grad))  # Frobenius, (size,)
+        unscaled.append(torch.cat(norms[1.0]))
+        scaled.append(torch.cat(norms[math.sqrt(d_k)]))
+    return QueryGradientNorm(
         d_ks=d_ks,
         num_tokens=num_tokens,
         num_samples=num_samples,
-        unscaled_mean=torch.stack(stats["mean_u"]),
-        scaled_mean=torch.stack(stats["mean_s"]),
-        unscaled_median=torch.stack(stats["median_u"]),
-        scaled_median=torch.stack(stats["median_s"]),
+        unscaled=torch.stack(unscaled),  # (num_d_k, num_samples)
+        scaled=torch.stack(scaled),
     )

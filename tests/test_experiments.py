@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 
 from attnlib import experiments
 from attnlib.experiments import (
+    QueryGradientNorm,
     dot_product_variance,
-    softmax_gradient_norm,
+    query_gradient_norm,
     softmax_jacobian,
     softmax_peakiness,
 )
@@ -41,7 +42,8 @@ def peakiness_sweep():
 
 @pytest.fixture(scope="module")
 def gradient_sweep():
-    return softmax_gradient_norm(POWERS_OF_TWO, num_tokens=16, num_samples=1_000, seed=0)
+    # The chapter's sweep: the same queries and keys as peakiness_sweep.
+    return query_gradient_norm(POWERS_OF_TWO, num_tokens=16, num_samples=1_000, seed=0)
 
 
 # --------------------------------------------------------------------------- variance of q . k
@@ -289,63 +291,170 @@ def test_softmax_jacobian_rejects_bad_input(bad, error, match):
         softmax_jacobian(bad)
 
 
-# --------------------------------------------------------------------------- gradient norm
+# --------------------------------------------------------------------------- query gradient
+#
+# For one query q (d_k,) and its keys K (num_tokens, d_k), w = softmax(K q / c)
+# with c = 1 (unscaled) or sqrt(d_k) (scaled). The experiment reports the
+# Frobenius norm of d w / d q = J(w) K / c per query.
+
+
+def _autograd_query_jacobian(query: torch.Tensor, keys: torch.Tensor, c: float):
+    """d softmax(K q / c) / d q by autograd: (num_tokens, d_k)."""
+    return torch.func.jacrev(lambda q: torch.softmax(keys @ q / c, dim=-1))(query)
+
+
+def test_query_gradient_equals_autograd_on_the_same_draws():
+    # Rebuild the experiment's own queries and keys from the shared sampler and
+    # differentiate the attention weights by autograd: a missing (or squared)
+    # chain-rule factor 1/c, a Jacobian taken at the wrong scores or a wrong J
+    # would all differ by far more than rounding.
+    d_ks, num_tokens, num_samples, seed = [3, 40], 5, 30, 11
+    result = query_gradient_norm(d_ks, num_tokens, num_samples, seed=seed)
+    peak = softmax_peakiness(d_ks, num_tokens, num_samples, seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    for index, d_k in enumerate(d_ks):
+        (queries, keys), = experiments._random_queries_and_keys(
+            d_k, num_tokens, num_samples, generator
+        )
+        for c, measured in ((1.0, result.unscaled), (math.sqrt(d_k), result.scaled)):
+            expected = torch.stack([
+                torch.linalg.matrix_norm(_autograd_query_jacobian(q[0], k, c))
+                for q, k in zip(queries, keys, strict=True)
+            ])
+            torch.testing.assert_close(measured[index], expected)
+        # ... and they are the queries and keys softmax_peakiness used.
+        weights = torch.softmax((queries @ keys.transpose(-2, -1)).squeeze(-2), dim=-1)
+        torch.testing.assert_close(peak.unscaled_max_weight[index], weights.amax(-1).mean())
+
+
+def _reference_query_gradient_norms(d_k: int, num_tokens: int, n: int, seed: int, scaled: bool):
+    """Norms of d w / d q drawn another way. For a fixed q, split each key into
+    its component along q / |q| (a ~ N(0, I_num_tokens)) and the rest (G, of
+    shape (num_tokens, d_k - 1), independent N(0, 1)); then the scores are
+    |q| a / c and ||J K||_F^2 = |J a|^2 + ||J G||_F^2, the two parts being
+    orthogonal. |q| is the norm of a d_k-dim standard normal vector."""
+    generator = torch.Generator().manual_seed(seed)
+    c = math.sqrt(d_k) if scaled else 1.0
+    norms = []
+    for start in range(0, n, 250):
+        size = min(250, n - start)
+        q_norm = torch.randn(size, d_k, generator=generator, dtype=torch.float64).norm(dim=-1)
+        a = torch.randn(size, num_tokens, generator=generator, dtype=torch.float64)
+        rest = torch.randn(size, num_tokens, d_k - 1, generator=generator, dtype=torch.float64)
+        jac = _autograd_jacobian(q_norm[:, None] * a / c)  # (size, N, N)
+        along = (jac @ a.unsqueeze(-1)).squeeze(-1).square().sum(-1)
+        across = torch.linalg.matrix_norm(jac @ rest).square()
+        norms.append(torch.sqrt(along + across) / c)
+    return torch.cat(norms)
 
 
 @pytest.mark.parametrize("scaled", [False, True])
-def test_gradient_norm_matches_the_reference_distribution(gradient_sweep, scaled):
-    # Reference: the same score distribution (see above), Jacobian by autograd.
+def test_query_gradient_matches_the_reference_distribution(gradient_sweep, scaled):
+    # Two independent estimates of one mean, compared at 5 standard errors
+    # (see _assert_same_mean). A sampler that drew the wrong vectors, or a
+    # missing factor sqrt(d_k), moves the mean by far more.
     for index, d_k in enumerate(gradient_sweep.d_ks):
         if d_k not in (1, 8, 64, 1024):
             continue
-        scores = _reference_scores(d_k, 16, 4_000, seed=2000 + d_k, scaled=scaled)
-        norms = torch.linalg.matrix_norm(_autograd_jacobian(scores))
-        tag = "scaled" if scaled else "unscaled"
-        _assert_same_mean(
-            getattr(gradient_sweep, f"{tag}_mean")[index].item(),
-            norms, gradient_sweep.num_samples, (tag, d_k),
-        )
+        reference = _reference_query_gradient_norms(d_k, 16, 2_000, 3000 + d_k, scaled)
+        measured = gradient_sweep.mean(scaled=scaled)[index].item()
+        _assert_same_mean(measured, reference, gradient_sweep.num_samples, (scaled, d_k))
 
 
-def test_unscaled_gradient_vanishes_and_scaled_does_not(gradient_sweep):
-    unscaled_mean = gradient_sweep.unscaled_mean
-    unscaled_median = gradient_sweep.unscaled_median
+def test_scaled_query_gradient_keeps_one_size_at_every_d_k(gradient_sweep):
+    # Scaled, a query's norm has a per-sample sd below 0.05 for d_k >= 16
+    # (measured), so a median of 1 000 has a standard error near 0.002: the
+    # medians for d_k = 16 ... 1024 lie within 0.02 of each other (measured:
+    # 0.297 to 0.305). At d_k = 1, 2, 4 the score distribution is not yet
+    # Gaussian-like and the median is 0.24 to 0.28. No query saturates.
+    median = gradient_sweep.median(scaled=True)
+    from_16 = median[POWERS_OF_TWO.index(16):]
+    assert (from_16.max() - from_16.min()).item() < 0.02
+    assert torch.all((median > 0.2) & (median < 0.35))
+    assert torch.all(gradient_sweep.fraction_below(1e-3, scaled=True) == 0)
+
+
+def test_unscaled_query_gradient_is_heavy_tailed(gradient_sweep):
     d_ks = gradient_sweep.d_ks
-    # From d_k = 16 on, each fourfold step shrinks the unscaled gradient
-    # (seeded; the smallest step in the mean, 256 -> 1024, is about 0.05, about
-    # 6 standard errors of a difference: the per-sample sd is below 0.18).
+    i_64, i_1024 = d_ks.index(64), d_ks.index(1024)
+    median_u = gradient_sweep.median(scaled=False)
+    median_s = gradient_sweep.median(scaled=True)
+    mean_u = gradient_sweep.mean(scaled=False)
+    mean_s = gradient_sweep.mean(scaled=True)
+    # At d_k = 1 the two arms are the same computation.
+    assert torch.equal(gradient_sweep.unscaled[0], gradient_sweep.scaled[0])
+    # The typical query: larger than scaled at d_k = 64 (0.84 vs 0.30 here; 0.75
+    # to 0.93 over seeds 0-4), hundreds of times smaller at d_k = 1024 (ratio
+    # 375 to 1 000 over seeds 0-4).
+    assert median_u[i_64] > 2 * median_s[i_64]
+    assert median_u[i_1024] < median_s[i_1024] / 100
+    # The mean is larger unscaled at every d_k > 1 (the smallest ratio, 1.4,
+    # is at d_k = 2; from d_k = 16 on it is above 3, far beyond the noise).
+    assert torch.all(mean_u[1:] > mean_s[1:])
+    # The share of queries that get (almost) no gradient grows at every
+    # fourfold step from d_k = 16 (0.2 %, 7 %, 26 %, 53 %: each step is many
+    # binomial standard errors) ...
+    fraction = gradient_sweep.fraction_below(1e-3, scaled=False)
     fourfold_from_16 = [d_ks.index(d_k) for d_k in (16, 64, 256, 1024)]
-    assert torch.all(torch.diff(unscaled_mean[fourfold_from_16]) < 0)
-    assert torch.all(torch.diff(unscaled_median[fourfold_from_16]) < 0)
-    # The typical (median) query at d_k = 1024 gets a gradient thousands of
-    # times smaller than with the scale.
-    assert unscaled_median[-1] < 1e-3
-    assert gradient_sweep.scaled_median[-1] / unscaled_median[-1] > 1_000
-    # Scaled: about the same size at every d_k. The median is about 0.27 at
-    # d_k = 1 and 0.30 from d_k = 16 on, where the per-sample sd is about 0.02.
-    assert torch.all(gradient_sweep.scaled_median > 0.25)
-    assert torch.all(gradient_sweep.scaled_mean > 0.25)
+    assert torch.all(torch.diff(fraction[fourfold_from_16]) > 0)
+    assert fraction[i_1024] > 0.4
+    # ... while the top 10 % of queries get far more than any scaled query.
+    p90_u = gradient_sweep.percentile(90, scaled=False)
+    assert p90_u[i_1024] > 10 * gradient_sweep.scaled[i_1024].max()
 
 
-def test_gradient_norm_and_peakiness_see_the_same_scores():
-    # The docstrings promise that, with equal arguments, both experiments draw
-    # the same scores. Rebuild them from the shared sampler and one generator,
-    # and check both experiments' numbers against them.
-    d_ks, num_tokens, num_samples, seed = [5, 40], 3, 50, 11
-    peak = softmax_peakiness(d_ks, num_tokens, num_samples, seed=seed)
-    grad = softmax_gradient_norm(d_ks, num_tokens, num_samples, seed=seed)
-    generator = torch.Generator().manual_seed(seed)
-    for index, d_k in enumerate(d_ks):
-        scores = experiments._random_attn_scores(d_k, num_tokens, num_samples, generator)
-        weights = torch.softmax(scores / math.sqrt(d_k), dim=-1)
-        norms = torch.linalg.matrix_norm(_autograd_jacobian(scores / math.sqrt(d_k)))
-        torch.testing.assert_close(peak.scaled_max_weight[index], weights.amax(dim=-1).mean())
-        torch.testing.assert_close(grad.scaled_mean[index], norms.mean())
+def test_query_gradient_result_shapes_and_methods():
+    result = QueryGradientNorm(
+        d_ks=(2, 5), num_tokens=3, num_samples=4,
+        unscaled=torch.tensor([[0.0, 1e-4, 0.5, 2.0], [1.0, 2.0, 3.0, 4.0]], dtype=torch.float64),
+        scaled=torch.tensor([[0.3, 0.3, 0.3, 0.3], [0.1, 0.2, 0.3, 0.4]], dtype=torch.float64),
+    )
+    torch.testing.assert_close(result.median(scaled=False), torch.tensor([0.25005, 2.5], dtype=torch.float64))
+    torch.testing.assert_close(result.mean(scaled=True), torch.tensor([0.3, 0.25], dtype=torch.float64))
+    torch.testing.assert_close(result.percentile(0, scaled=False), torch.tensor([0.0, 1.0], dtype=torch.float64))
+    torch.testing.assert_close(result.percentile(100, scaled=True), torch.tensor([0.3, 0.4], dtype=torch.float64))
+    torch.testing.assert_close(result.fraction_below(1e-3, scaled=False), torch.tensor([0.5, 0.0], dtype=torch.float64))
+
+
+def test_query_gradient_sweep_shapes(gradient_sweep):
+    for norms in (gradient_sweep.unscaled, gradient_sweep.scaled):
+        assert norms.shape == (len(POWERS_OF_TWO), 1_000)
+        assert norms.dtype == torch.float64
+        assert torch.all(norms >= 0)
+
+
+@pytest.mark.parametrize(
+    "method, kwargs, error, match",
+    [
+        ("percentile", {"p": 101, "scaled": True}, ValueError, "p=101"),
+        ("percentile", {"p": "50", "scaled": True}, TypeError, "p must be a number"),
+        ("percentile", {"p": 50, "scaled": 1}, TypeError, "scaled must be a bool"),
+        ("fraction_below", {"threshold": 0.0, "scaled": False}, ValueError, "threshold=0.0"),
+        ("fraction_below", {"threshold": None, "scaled": False}, TypeError, "threshold must be"),
+        ("mean", {"scaled": "yes"}, TypeError, "scaled must be a bool"),
+    ],
+)
+def test_query_gradient_methods_reject_bad_arguments(method, kwargs, error, match):
+    result = query_gradient_norm([4], num_tokens=3, num_samples=5, seed=0)
+    with pytest.raises(error, match=match):
+        getattr(result, method)(**kwargs)
+
+
+def test_query_gradient_is_seeded_and_leaves_the_global_rng_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    first = query_gradient_norm([3, 50], num_tokens=4, num_samples=20, seed=7)
+    torch.testing.assert_close(torch.rand(3), expected, rtol=0, atol=0)
+    again = query_gradient_norm([3, 50], num_tokens=4, num_samples=20, seed=7)
+    other = query_gradient_norm([3, 50], num_tokens=4, num_samples=20, seed=8)
+    assert torch.equal(first.unscaled, again.unscaled) and torch.equal(first.scaled, again.scaled)
+    assert not torch.equal(first.unscaled, other.unscaled)
 
 
 # --------------------------------------------------------------------------- input checks
 
-ALL_EXPERIMENTS = [dot_product_variance, softmax_peakiness, softmax_gradient_norm]
+ALL_EXPERIMENTS = [dot_product_variance, softmax_peakiness, query_gradient_norm]
 
 
 @pytest.mark.parametrize("experiment", ALL_EXPERIMENTS)
@@ -381,7 +490,7 @@ def test_experiments_reject_bad_sizes_and_seeds(experiment, kwargs, error, match
         experiment([4], **kwargs)
 
 
-@pytest.mark.parametrize("experiment", [softmax_peakiness, softmax_gradient_norm])
+@pytest.mark.parametrize("experiment", [softmax_peakiness, query_gradient_norm])
 @pytest.mark.parametrize(
     "num_tokens, error, match",
     [(1, ValueError, "num_tokens=1"), ("16", TypeError, "num_tokens must be an int")],
