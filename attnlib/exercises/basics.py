@@ -1,0 +1,531 @@
+"""Checkers for the basics of chapters 1 and 2: softmax, simplified attention,
+the query/key/value projections, and scaled dot-product attention.
+
+Every checker probes the learner's answer with seeded float64 inputs whose sizes
+all differ (so a swapped dimension cannot pass by accident), compares the result
+with attnlib's reference, and, where it differs, with the typical wrong answers,
+so that the message can name the mistake.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..functional import scaled_dot_product_attention as _reference_sdpa
+from ._common import (
+    CheckFailed,
+    call_answer,
+    checker,
+    is_close,
+    max_difference,
+    name_wrong_answer,
+    passed,
+    probe_device,
+    require_callable,
+    require_tensor,
+)
+
+__all__ = [
+    "check_softmax",
+    "check_simplified_attention",
+    "check_qkv_projection",
+    "check_scaled_dot_product_attention",
+]
+
+_DTYPE = torch.float64
+
+
+def _randn(generator: torch.Generator, *shape: int, device: torch.device,
+           scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
+    """Seeded standard-normal probe (drawn on the CPU, so every device sees the same)."""
+    x = torch.randn(*shape, generator=generator, dtype=_DTYPE) * scale + shift
+    return x.to(device)
+
+
+def _name(fn: Callable[..., Any], default: str) -> str:
+    name = getattr(fn, "__name__", "")
+    return name if name.isidentifier() else default
+
+
+def _judge(out: torch.Tensor, expected: torch.Tensor, wrong_answers: dict[str, torch.Tensor],
+           what: str, probe: str) -> None:
+    """Raise CheckFailed naming the mistake unless ``out`` matches ``expected``."""
+    if is_close(out, expected):
+        return
+    mistake = name_wrong_answer(out, wrong_answers)
+    if mistake is not None:
+        raise CheckFailed(f"{what} {mistake} (seen on {probe}).")
+    if not torch.isfinite(out).all() and torch.isfinite(expected).all():
+        raise CheckFailed(
+            f"{what} returned nan or inf on {probe}, where the right answer is finite. "
+            "Does an exponential overflow? Subtract the maximum along the softmax's "
+            "dimension before exponentiating, or use torch.softmax."
+        )
+    raise CheckFailed(
+        f"{what} differs from the right answer by up to {max_difference(out, expected):.3g} "
+        f"on {probe}, and it matches none of the typical mistakes this check knows. Compare "
+        "your result with the reference on a small input, one step at a time."
+    )
+
+
+def _require_unchanged(before: torch.Tensor, after: torch.Tensor, what: str, name: str) -> None:
+    if not torch.equal(before, after):
+        raise CheckFailed(
+            f"{what} changed its argument {name} in place (an in-place operation such as "
+            f"`{name} -= ...` or `{name}.sub_(...)`). Compute a new tensor instead: "
+            f"`shifted = {name} - ...`."
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# softmax
+
+
+def _softmax_wrong_answers(x: torch.Tensor, dim: int) -> dict[str, torch.Tensor]:
+    """The typical wrong softmaxes of ``x`` along ``dim``, each keyed by its message."""
+    asked = dim
+    dim = dim % x.ndim
+    last = x.ndim - 1
+    wrong: dict[str, torch.Tensor] = {}
+    if dim != last:
+        wrong[
+            f"ignores its dim argument: called with dim={asked} it normalised the last "
+            "dimension instead. Pass dim on to every max/amax and sum (with keepdim=True)"
+        ] = torch.softmax(x, dim=-1)
+    for other in range(x.ndim):
+        if other == dim or (other == last and dim != last):  # the last: "ignores dim"
+            continue
+        wrong[
+            f"normalises over the wrong dimension: over dim {other} instead of dim={asked}, "
+            f"so out.sum(dim={other}) is all ones and out.sum(dim={asked}) is not"
+        ] = torch.softmax(x, dim=other)
+    wrong[
+        "is not normalised: it returns exp(x), whose entries do not sum to 1 along dim. "
+        "Divide by the sum of the exponentials along dim"
+    ] = torch.exp(x)
+    shifted = torch.exp(x - x.amax(dim=dim, keepdim=True))
+    wrong[
+        "is not normalised: it returns exp(x - max) without dividing by its sum along dim, "
+        "so the entries do not sum to 1"
+    ] = shifted
+    wrong[
+        "returns the log-softmax (every entry <= 0): that is log(softmax(x)). Return the "
+        "softmax itself"
+    ] = torch.log_softmax(x, dim=dim)
+    exp_x = torch.exp(x)
+    wrong[
+        "overflows: it is the naive softmax exp(x) / exp(x).sum(), and exp(1000) is inf "
+        "even in float64, so inf / inf = nan. Subtract the maximum along dim before "
+        "exponentiating (see the stable softmax of Chapter 1)"
+    ] = exp_x / exp_x.sum(dim=dim, keepdim=True)
+    global_shift = torch.exp(x - x.max())
+    wrong[
+        "subtracts the maximum of the whole tensor instead of the maximum along dim: a "
+        "slice whose entries all lie far below the global maximum underflows to "
+        "0 / 0 = nan. Use x.amax(dim=dim, keepdim=True)"
+    ] = global_shift / global_shift.sum(dim=dim, keepdim=True)
+    return wrong
+
+
+@checker
+def check_softmax(fn: Callable[..., torch.Tensor], *,
+                  device: torch.device | str | None = None) -> bool:
+    """Check a learner's softmax ``fn(x, dim=-1)`` against :func:`torch.softmax`.
+
+    The probes are float64 tensors of shapes ``(4, 7)``, ``(3, 5, 6)`` and
+    ``(2, 6)``, normalised along ``dim=-1``, ``dim=0``, ``dim=1`` and
+    ``dim=-2``, and two rows far apart (entries near +1000 and
+    near -1000), which a naive or a globally shifted softmax cannot survive.
+
+    Recognised mistakes: the naive softmax that overflows (nan on large
+    inputs); normalising over the wrong dimension; ignoring ``dim``; no
+    normalisation (plain ``exp``); subtracting the global maximum instead of the
+    maximum along ``dim``; returning the log-softmax; changing ``x`` in place.
+
+    Args:
+        fn: the learner's function, always called as ``fn(x, dim=d)``;
+            it must return a tensor of ``x``'s shape and dtype.
+        device: where to probe (``"cuda"`` to check the answer on a GPU);
+            default the CPU.
+
+    Returns:
+        True, after printing one line, when every probe matches.
+
+    Raises:
+        CheckFailed: the answer is not a function, raises, returns the wrong
+            shape or dtype, or computes something else; the message names the
+            mistake where it is a typical one.
+        TypeError, ValueError: ``device`` is not a device, or names CUDA on a
+            machine without it.
+
+    Source: the softmax function, e.g. Goodfellow, Bengio and Courville (2016),
+    *Deep Learning*, eq. (6.29); the max shift of their section 4.1.
+    """
+    require_callable(fn, "a softmax function fn(x, dim=-1)")
+    device = probe_device(device)
+    name = _name(fn, "fn")
+    gen = torch.Generator().manual_seed(2017)
+    small = _randn(gen, 4, 7, device=device, scale=2.0)
+    cube = _randn(gen, 3, 5, 6, device=device, scale=2.0)
+    far_apart = torch.cat([_randn(gen, 1, 6, device=device, scale=3.0, shift=1000.0),
+                           _randn(gen, 1, 6, device=device, scale=3.0, shift=-1000.0)])
+    probes = [  # (x, dim, description)
+        (small, -1, "a (4, 7) tensor with dim=-1"),
+        (small, 0, "a (4, 7) tensor with dim=0"),
+        (cube, 1, "a (3, 5, 6) tensor with dim=1"),
+        (cube, -2, "a (3, 5, 6) tensor with dim=-2"),
+        (cube, -1, "a (3, 5, 6) tensor with dim=-1"),
+        (far_apart, -1, "a (2, 6) tensor whose rows lie near +1000 and near -1000"),
+        (far_apart.T.contiguous(), 0,
+         "a (6, 2) tensor whose columns lie near +1000 and near -1000, with dim=0"),
+    ]
+    for x, dim, probe in probes:
+        before = x.clone()
+        what = f"{name}(x, dim={dim})"
+        out = call_answer(fn, x, dim=dim, what=what)
+        _require_unchanged(before, x, what, "x")
+        require_tensor(out, what, tuple(x.shape), dtype=_DTYPE, device=device)
+        _judge(out, torch.softmax(x, dim=dim), _softmax_wrong_answers(x, dim), what, probe)
+    return passed(
+        f"{name} matches torch.softmax on 3 shapes and 4 dims, and stays finite for "
+        "entries near +1000 and -1000."
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# simplified attention (chapter 1)
+
+
+def _simplified_wrong_answers(x: torch.Tensor) -> dict[str, torch.Tensor]:
+    attn_scores = x @ x.transpose(-2, -1)
+    d_in = x.shape[-1]
+    exp_scores = torch.exp(attn_scores)
+    return {
+        f"scales the scores by 1/sqrt(d_in) = 1/sqrt({d_in}): simplified attention has no "
+        "scale; the scale arrives with trainable queries and keys in Chapter 2":
+            torch.softmax(attn_scores / math.sqrt(d_in), dim=-1) @ x,
+        "uses the transposed weights: the softmax ran over the wrong dimension (dim=0, so "
+        "the columns sum to 1), which for the symmetric scores X X^T is the same as "
+        "computing W^T X instead of W X. Use torch.softmax(attn_scores, dim=-1)":
+            torch.softmax(attn_scores, dim=0) @ x,
+        "skips the softmax: it mixes the inputs with the raw scores X X^T, whose rows do not "
+        "sum to 1":
+            attn_scores @ x,
+        "normalises by dividing the scores by their row sum instead of using the softmax":
+            (attn_scores / attn_scores.sum(dim=-1, keepdim=True)) @ x,
+        "overflows: its softmax is the naive exp(s) / exp(s).sum(), which gives nan for "
+        "large scores. Use a stable softmax (subtract the row maximum) or torch.softmax":
+            (exp_scores / exp_scores.sum(dim=-1, keepdim=True)) @ x,
+    }
+
+
+@checker
+def check_simplified_attention(fn: Callable[[torch.Tensor], torch.Tensor], *,
+                               device: torch.device | str | None = None) -> bool:
+    """Check a learner's ``fn(x)`` that returns Chapter 1's context vectors.
+
+    The reference is ``softmax(x @ x^T, dim=-1) @ x``, with no scale: the
+    context vectors of :func:`attnlib.simplified_attention`. Probes: float64
+    inputs ``(num_tokens, d_in)`` of shapes ``(5, 3)`` and ``(4, 7)``, and a
+    ``(4, 3)`` input with large entries whose scores overflow a naive softmax.
+
+    Recognised mistakes: returning the attention weights (or both tensors);
+    softmax over the wrong dimension, which for these symmetric scores is the
+    same as the transposed weights ``W^T X``; scaling by ``1/sqrt(d_in)``;
+    no softmax; dividing by the row sum; a naive softmax that overflows.
+
+    Args:
+        fn: the learner's function, called as ``fn(x)`` with ``x`` of shape
+            ``(num_tokens, d_in)``; it must return ``(num_tokens, d_in)``.
+        device: where to probe; default the CPU.
+
+    Returns:
+        True, after printing one line, when every probe matches.
+
+    Raises:
+        CheckFailed: the answer is not a function, raises, returns the wrong
+            shape or dtype, or computes something else, named where typical.
+        TypeError, ValueError: ``device`` is not a device, or names CUDA on a
+            machine without it.
+
+    Source: Vaswani et al. (2017), "Attention Is All You Need", section 3.2.1,
+    with the query, key and value projections taken to be the identity.
+    """
+    require_callable(fn, "a function fn(x) that returns the context vectors")
+    device = probe_device(device)
+    name = _name(fn, "fn")
+    what = f"{name}(x)"
+    gen = torch.Generator().manual_seed(2014)
+    probes = [
+        (_randn(gen, 5, 3, device=device), "x of shape (5, 3)"),
+        (_randn(gen, 4, 7, device=device), "x of shape (4, 7)"),
+        (_randn(gen, 4, 3, device=device, scale=25.0),
+         "x of shape (4, 3) with entries of size about 25, whose scores reach the thousands"),
+    ]
+    for x, probe in probes:
+        before = x.clone()
+        out = call_answer(fn, x, what=what)
+        _require_unchanged(before, x, what, "x")
+        num_tokens, d_in = x.shape
+        attn_weights = torch.softmax(x @ x.T, dim=-1)
+        if isinstance(out, torch.Tensor) and tuple(out.shape) == (num_tokens, num_tokens):
+            if is_close(out, attn_weights):
+                raise CheckFailed(
+                    f"{what} returns the attention weights, shape (num_tokens, num_tokens) = "
+                    f"{tuple(out.shape)}; return the context vectors attn_weights @ x, shape "
+                    f"(num_tokens, d_in) = {(num_tokens, d_in)} (seen on {probe})."
+                )
+        require_tensor(out, what, (num_tokens, d_in), dtype=_DTYPE, device=device)
+        _judge(out, attn_weights @ x, _simplified_wrong_answers(x), what, probe)
+    return passed(
+        f"{name} computes softmax(X X^T) X, the context vectors of simplified attention, "
+        "on three inputs, one with very large scores."
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# query, key and value projections (chapter 2)
+
+
+@checker
+def check_qkv_projection(fn: Callable[..., Any], *,
+                         device: torch.device | str | None = None) -> bool:
+    """Check ``fn(x, W_query, W_key, W_value)`` that returns ``(queries, keys, values)``.
+
+    The reference is ``(x @ W_query, x @ W_key, x @ W_value)``. Probes: float64
+    inputs ``x`` of shape ``(num_tokens, d_in) = (5, 3)`` and ``(batch,
+    num_tokens, d_in) = (2, 5, 3)``, with ``W_query`` and ``W_key`` of shape
+    ``(d_in, d_k) = (3, 4)`` and ``W_value`` of shape ``(d_in, d_v) = (3, 2)``.
+
+    Recognised mistakes: a matrix used for the wrong role (for instance the keys
+    computed with ``W_query``) or the results returned in the wrong order; the
+    transposed product ``W^T x^T``; a missing batch dimension (``x.T``).
+
+    Args:
+        fn: the learner's function; it must return a tuple of three tensors.
+        device: where to probe; default the CPU.
+
+    Returns:
+        True, after printing one line, when every probe matches.
+
+    Raises:
+        CheckFailed: the answer is not a function, raises, returns something
+            other than three tensors of the right shapes, or the wrong ones.
+        TypeError, ValueError: ``device`` is not a device, or names CUDA on a
+            machine without it.
+
+    Source: Vaswani et al. (2017), "Attention Is All You Need", section 3.2.2
+    (the projections), written with row vectors as in PyTorch.
+    """
+    require_callable(fn, "a function fn(x, W_query, W_key, W_value)")
+    device = probe_device(device)
+    name = _name(fn, "fn")
+    what = f"{name}(x, W_query, W_key, W_value)"
+    gen = torch.Generator().manual_seed(1706)
+    d_in, d_k, d_v = 3, 4, 2
+    matrices = {
+        "W_query": _randn(gen, d_in, d_k, device=device),
+        "W_key": _randn(gen, d_in, d_k, device=device),
+        "W_value": _randn(gen, d_in, d_v, device=device),
+    }
+    roles = ("queries", "keys", "values")
+    probes = [
+        (_randn(gen, 5, d_in, device=device), "x of shape (num_tokens, d_in) = (5, 3)"),
+        (_randn(gen, 2, 5, d_in, device=device),
+         "x of shape (batch, num_tokens, d_in) = (2, 5, 3)"),
+    ]
+    for x, probe in probes:
+        before = [x.clone(), *(w.clone() for w in matrices.values())]
+        try:
+            out = call_answer(fn, x, *matrices.values(), what=what)
+        except CheckFailed as failure:
+            if x.ndim == 3:  # the 2-d probe passed
+                raise CheckFailed(
+                    f"{failure} It works without a batch dimension but not on {probe}. Does "
+                    "your code use x.T? On a 3-d tensor .T reverses every dimension; x @ W "
+                    "needs no transpose and works on any number of leading dimensions."
+                ) from None
+            raise
+        for (arg, tensor), saved in zip([("x", x), *matrices.items()], before, strict=True):
+            _require_unchanged(saved, tensor, what, arg)
+        if not (isinstance(out, (tuple, list)) and len(out) == 3):
+            raise CheckFailed(
+                f"{what} returned {type(out).__name__}"
+                + (f" of length {len(out)}" if isinstance(out, (tuple, list)) else "")
+                + "; expected a tuple of three tensors: (queries, keys, values)."
+            )
+        projections = {w_name: x @ w for w_name, w in matrices.items()}
+        for role, w_name, result in zip(roles, matrices, out, strict=True):
+            expected = projections[w_name]
+            where = f"the {role} returned by {what}"
+            if isinstance(result, torch.Tensor) and x.ndim == 2 and is_close(result, expected.T):
+                raise CheckFailed(
+                    f"{where} are transposed: shape {tuple(result.shape)}, which is "
+                    f"W^T x^T = (x @ {w_name})^T. With one row per token, compute x @ {w_name}, "
+                    f"shape (num_tokens, {expected.shape[-1]}) (seen on {probe})."
+                )
+            if (isinstance(result, torch.Tensor) and x.ndim == 3
+                    and tuple(result.shape) != tuple(expected.shape)):
+                raise CheckFailed(
+                    f"{where} have shape {tuple(result.shape)}, expected "
+                    f"{tuple(expected.shape)} = (batch, num_tokens, {expected.shape[-1]}). Does "
+                    "your code use x.T? On a batch, .T reverses every dimension; x @ W "
+                    f"already works on any number of leading dimensions (seen on {probe})."
+                )
+            if (isinstance(result, torch.Tensor)
+                    and tuple(result.shape) != tuple(expected.shape)):
+                mixed_up = [other for other, p in projections.items()
+                            if tuple(p.shape) == tuple(result.shape) and is_close(result, p)]
+                if mixed_up:
+                    raise CheckFailed(
+                        f"{where} are x @ {mixed_up[0]}, expected x @ {w_name}: a matrix is "
+                        f"used for the wrong role, or the results are returned in the wrong "
+                        f"order; return (queries, keys, values) (seen on {probe})."
+                    )
+            result = require_tensor(result, where, tuple(expected.shape), dtype=_DTYPE,
+                                    device=device)
+            wrong = {
+                f"are x @ {other}, expected x @ {w_name}: a matrix is used for the wrong role, "
+                "or the results are returned in the wrong order; return "
+                "(queries, keys, values)": projections[other]
+                for other in matrices if other != w_name
+            }
+            _judge(result, expected, wrong, f"{where}", probe)
+    return passed(
+        f"{name} returns x @ W_query, x @ W_key and x @ W_value, with and without a batch "
+        "dimension."
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# scaled dot-product attention (chapter 2)
+
+
+def _sdpa_wrong_answers(query: torch.Tensor, key: torch.Tensor,
+                        value: torch.Tensor) -> dict[str, torch.Tensor]:
+    d_k, d_v = query.shape[-1], value.shape[-1]
+    scores = query @ key.transpose(-2, -1)  # (..., num_tokens_q, num_tokens_kv)
+    scaled = scores / math.sqrt(d_k)
+    wrong = {
+        "does not scale the scores: divide query @ key^T by sqrt(d_k), the size of each "
+        "query and key vector":
+            torch.softmax(scores, dim=-1) @ value,
+        f"scales by 1/sqrt(d_v) = 1/sqrt({d_v}), the size of the values; the scale is "
+        f"1/sqrt(d_k) = 1/sqrt({d_k}), d_k being the size of the queries and keys "
+        "(query.shape[-1])":
+            torch.softmax(scores / math.sqrt(d_v), dim=-1) @ value,
+        f"scales by 1/d_k = 1/{d_k} instead of 1/sqrt(d_k) = 1/sqrt({d_k})":
+            torch.softmax(scores / d_k, dim=-1) @ value,
+    }
+    if query.shape[-2] == key.shape[-2]:  # square: a transpose still fits the shapes
+        wrong[
+            "uses transposed weights: the weights that reach the values are the transpose "
+            "of softmax(query @ key^T / sqrt(d_k), dim=-1). Check the order of query and "
+            "key in the scores and that nothing transposes the weights"
+        ] = torch.softmax(scaled, dim=-1).transpose(-2, -1) @ value
+        wrong[
+            "uses transposed scores: key @ query^T instead of query @ key^T, so row i "
+            "holds key i's dot products with every query"
+        ] = torch.softmax(scaled.transpose(-2, -1), dim=-1) @ value
+    wrong[
+        "normalises over the wrong dimension: the softmax must run over the keys, the last "
+        "dimension (dim=-1), so that each query's weights sum to 1"
+    ] = torch.softmax(scaled, dim=-2) @ value
+    exp_scores = torch.exp(scaled)
+    wrong[
+        "overflows: its softmax is the naive exp(s) / exp(s).sum(), which gives nan when "
+        "scores are large. Subtract the row maximum first, or use torch.softmax"
+    ] = (exp_scores / exp_scores.sum(dim=-1, keepdim=True)) @ value
+    return wrong
+
+
+@checker
+def check_scaled_dot_product_attention(fn: Callable[..., torch.Tensor], *,
+                                       device: torch.device | str | None = None) -> bool:
+    """Check a learner's ``fn(query, key, value)`` that returns the context vectors.
+
+    The reference is :func:`attnlib.scaled_dot_product_attention` (no mask, no
+    dropout): ``softmax(query @ key^T / sqrt(d_k), dim=-1) @ value``. Probes,
+    all float64 with ``d_k != d_v``:
+
+    * ``(num_tokens, d)``: query ``(5, 4)``, key ``(5, 4)``, value ``(5, 3)``
+      (square, so that a transposed answer still fits the shapes);
+    * a batch: query ``(2, 4, 5)``, key ``(2, 6, 5)``, value ``(2, 6, 3)``
+      (``num_tokens_q != num_tokens_kv``);
+    * large scores: query and key with entries of about 40, so that
+      ``query @ key^T / sqrt(d_k)`` is far above 710, where ``exp`` overflows.
+
+    Recognised mistakes: scores not scaled; scaled by ``sqrt(d_v)`` or by
+    ``d_k`` instead of ``sqrt(d_k)``; softmax over the wrong dimension
+    (over the queries); transposed weights or transposed scores; returning the
+    weights (or both tensors); a naive softmax that overflows; ``key.T`` on a
+    batch.
+
+    Args:
+        fn: the learner's function, called as ``fn(query, key, value)``.
+        device: where to probe; default the CPU.
+
+    Returns:
+        True, after printing one line, when every probe matches.
+
+    Raises:
+        CheckFailed: the answer is not a function, raises, returns the wrong
+            shape or dtype, or computes something else, named where typical.
+        TypeError, ValueError: ``device`` is not a device, or names CUDA on a
+            machine without it.
+
+    Source: Vaswani et al. (2017), "Attention Is All You Need", eq. (1).
+    """
+    require_callable(fn, "a function fn(query, key, value)")
+    device = probe_device(device)
+    name = _name(fn, "fn")
+    what = f"{name}(query, key, value)"
+    gen = torch.Generator().manual_seed(1762)
+    probes = [
+        ((5, 4), (5, 4), (5, 3), 1.0,
+         "query (5, 4), key (5, 4), value (5, 3): num_tokens = 5, d_k = 4, d_v = 3"),
+        ((2, 4, 5), (2, 6, 5), (2, 6, 3), 1.0,
+         "a batch: query (2, 4, 5), key (2, 6, 5), value (2, 6, 3): batch = 2, "
+         "num_tokens_q = 4, num_tokens_kv = 6, d_k = 5, d_v = 3"),
+        ((2, 3, 4), (2, 5, 4), (2, 5, 2), 40.0,
+         "large scores: query (2, 3, 4) and key (2, 5, 4) with entries of about 40, "
+         "value (2, 5, 2)"),
+    ]
+    passed_2d = False
+    for q_shape, k_shape, v_shape, size, probe in probes:
+        query = _randn(gen, *q_shape, device=device, scale=size)
+        key = _randn(gen, *k_shape, device=device, scale=size)
+        value = _randn(gen, *v_shape, device=device)
+        before = [query.clone(), key.clone(), value.clone()]
+        try:
+            out = call_answer(fn, query, key, value, what=what)
+        except CheckFailed as failure:
+            if passed_2d and query.ndim == 3:
+                raise CheckFailed(
+                    f"{failure} It works without a batch dimension but not on {probe}. "
+                    "Does your code use key.T? On a 3-d tensor .T reverses every dimension; "
+                    "use key.transpose(-2, -1), which swaps only the last two."
+                ) from None
+            raise
+        for arg, tensor, saved in zip(("query", "key", "value"), (query, key, value), before,
+                                      strict=True):
+            _require_unchanged(saved, tensor, what, arg)
+        context_vec, attn_weights = _reference_sdpa(query, key, value, return_weights=True)
+        if isinstance(out, torch.Tensor) and out.shape == attn_weights.shape:
+            if is_close(out, attn_weights):
+                raise CheckFailed(
+                    f"{what} returns the attention weights, shape (..., num_tokens_q, "
+                    f"num_tokens_kv) = {tuple(out.shape)}; return the context vectors "
+                    f"attn_weights @ value, shape {tuple(context_vec.shape)} (seen on {probe})."
+                )
+        require_tensor(out, what, tuple(context_vec.shape), dtype=_DTYPE, device=device)
+        _judge(out, context_vec, _sdpa_wrong_answers(query, key, value), what, probe)
+        passed_2d = True
+    return passed(
+        f"{name} computes softmax(Q K^T / sqrt(d_k)) V with d_k != d_v, "
+        "num_tokens_q != num_tokens_kv, a batch, and very large scores."
+    )
