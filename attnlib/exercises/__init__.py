@@ -26,11 +26,14 @@ from .basics import (
     check_simplified_attention,
     check_softmax,
 )
+from .scaling import check_query_jacobian, check_scaled_scores
 
 __all__ = [
     "CheckFailed",
     "check_qkv_projection",
+    "check_query_jacobian",
     "check_scaled_dot_product_attention",
+    "check_scaled_scores",
     "check_simplified_attention",
     "check_softmax",
 ]
