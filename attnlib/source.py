@@ -19,8 +19,14 @@ class SourceCode:
     """The source text of a Python object, shown highlighted in Jupyter.
 
     ``str(obj)`` and the plain-text representation are the source itself; in a
-    notebook the HTML representation adds syntax highlighting.
+    notebook the HTML representation adds syntax highlighting with Pygments'
+    CSS classes (``<div class="highlight">``, ``<span class="k">``), so the page's
+    own code colours apply: the book's light and dark themes, and JupyterLab's.
     """
+
+    #: CSS class of the ``<div>`` around the code; ``highlight`` is the class
+    #: Sphinx themes, JupyterLab and nbconvert colour.
+    CSS_CLASS = "highlight"
 
     def __init__(self, text: str, name: str):
         self.text = text
@@ -37,7 +43,9 @@ class SourceCode:
         from pygments.formatters import HtmlFormatter
         from pygments.lexers import PythonLexer
 
-        return highlight(self.text, PythonLexer(), HtmlFormatter(noclasses=True, nobackground=True))
+        # Classes, not inline colours: fixed light-theme colours read badly on a
+        # dark background (blue names at 1.5:1 contrast).
+        return highlight(self.text, PythonLexer(), HtmlFormatter(cssclass=self.CSS_CLASS))
 
 
 def _drop_docstring(text: str) -> str:

@@ -12,6 +12,13 @@ __all__ = ["plot_attention"]
 #: Colour-blind-safe, perceptually uniform colormap used for every attention map.
 ATTENTION_CMAP = "viridis"
 
+#: Widest default figure, in inches: 720 px at 100 dpi, the book's column width,
+#: so the book shows the figure at full size instead of shrinking its text.
+MAX_FIGURE_WIDTH = 7.2
+
+#: Smallest font, in points, for the weights written in the cells.
+ANNOTATION_FONTSIZE = 10
+
 
 def plot_attention(
     attn_weights: torch.Tensor,
@@ -31,10 +38,11 @@ def plot_attention(
             plot one head or one batch element at a time.
         tokens: labels for the axes. Length ``num_tokens_kv`` labels the
             columns (keys); it also labels the rows when the matrix is square.
-        ax: a matplotlib ``Axes`` to draw on; a new figure is made when None.
+        ax: a matplotlib ``Axes`` to draw on; when None a new figure is made,
+            sized to the matrix but at most 7.2 in wide (the book's column).
         title: the axes' title.
-        annotate: write each weight in its cell; default on for matrices of at
-            most 10 x 10.
+        annotate: write each weight in its cell (10 pt); default on for
+            matrices of at most 10 x 10.
         vmax: the weight drawn in the brightest colour (the colour scale starts
             at 0); default the largest weight. Give several maps one ``vmax``
             to compare them on one scale.
@@ -71,7 +79,10 @@ def plot_attention(
     import matplotlib.pyplot as plt
 
     if ax is None:
-        _, ax = plt.subplots(figsize=(1.0 + 0.7 * n_kv, 0.8 + 0.6 * n_q))
+        width, height = 1.0 + 0.7 * n_kv, 0.8 + 0.6 * n_q
+        if width > MAX_FIGURE_WIDTH:  # keep the cells' aspect, shrink both sides
+            width, height = MAX_FIGURE_WIDTH, height * MAX_FIGURE_WIDTH / width
+        _, ax = plt.subplots(figsize=(width, height))
     image = ax.imshow(weights.numpy(), cmap=ATTENTION_CMAP, vmin=0.0, vmax=vmax, aspect="auto")
     ax.figure.colorbar(image, ax=ax, label="attention weight")
     ax.set_xlabel("key (attended to)")
@@ -88,7 +99,8 @@ def plot_attention(
         for i in range(n_q):
             for j in range(n_kv):
                 value = float(weights[i, j])
-                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=8,
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center",
+                        fontsize=ANNOTATION_FONTSIZE,
                         color="black" if value > threshold else "white")
     if title is not None:
         ax.set_title(title)

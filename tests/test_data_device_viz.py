@@ -54,6 +54,22 @@ def test_plot_attention_draws_labelled_heatmap():
         plt.close(ax.figure)
 
 
+@pytest.mark.parametrize("num_tokens", [2, 6, 10, 24, 64])
+def test_plot_attention_default_figure_fits_the_book_column(num_tokens):
+    """At most 7.2 in wide (720 px at 100 dpi) so the book never shrinks it."""
+    weights = torch.full((num_tokens, num_tokens), 1.0 / num_tokens)
+    ax = attnlib.plot_attention(weights)
+    try:
+        width, height = ax.figure.get_size_inches()
+        assert width <= 7.2 + 1e-9, f"{num_tokens} tokens: {width:.2f} in wide"
+        assert height > 0.5 * width or num_tokens < 6, "cells keep roughly their aspect"
+        sizes = [t.get_fontsize() for t in ax.texts]
+        assert all(size >= 10 for size in sizes), f"annotation fonts {sorted(set(sizes))} pt"
+        assert bool(sizes) == (num_tokens <= 10), "small maps are annotated, large ones not"
+    finally:
+        plt.close(ax.figure)
+
+
 def test_plot_attention_squeezes_batch_of_one_and_uses_given_axes():
     fig, ax = plt.subplots()
     try:
@@ -89,6 +105,15 @@ def test_show_source_returns_the_package_code():
     assert '"""' not in str(method) and "return" in str(method)
     with pytest.raises(TypeError, match="cannot show the source of"):
         attnlib.show_source(len)
+
+
+def test_show_source_html_uses_css_classes_not_fixed_colours():
+    """The book's light and dark themes colour the code; fixed colours would not adapt."""
+    html = attnlib.show_source(attnlib.softmax)._repr_html_()
+    assert html.startswith('<div class="highlight">'), html[:60]
+    assert 'style="' not in html, "inline colours cannot follow the theme"
+    assert '<span class="k">def</span>' in html
+    assert '<span class="nf">softmax</span>' in html
 
 
 def test_public_api_is_documented():
