@@ -26,10 +26,16 @@ from .basics import (
     check_simplified_attention,
     check_softmax,
 )
+from .masks import check_causal_attention, check_causal_mask
+from .multihead import check_merge_heads, check_multi_head_attention
 from .scaling import check_query_jacobian, check_scaled_scores
 
 __all__ = [
     "CheckFailed",
+    "check_causal_attention",
+    "check_causal_mask",
+    "check_merge_heads",
+    "check_multi_head_attention",
     "check_qkv_projection",
     "check_query_jacobian",
     "check_scaled_dot_product_attention",

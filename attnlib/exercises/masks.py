@@ -1,0 +1,462 @@
+"""Checkers for chapter 5's exercises: the causal mask and a causal attention module.
+
+* :func:`check_causal_mask` - ``fn(num_tokens)`` returns the bool causal mask.
+* :func:`check_causal_attention` - a class like :class:`attnlib.CausalAttention`:
+  causal mask before the softmax, ``1/sqrt(d_out)`` scale, dropout on the
+  weights.
+
+Both test what the answer computes, on seeded float64 probes, and name the
+typical wrong answers by computing each one and comparing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+from ._common import (
+    CheckFailed,
+    call_answer,
+    checker,
+    is_close,
+    max_difference,
+    name_wrong_answer,
+    passed,
+    probe_device,
+    require_callable,
+    require_class,
+    require_tensor,
+)
+
+__all__ = ["check_causal_mask", "check_causal_attention"]
+
+#: Sizes every mask probe uses: 5 first (every wrong mask differs there), then
+#: 1 (only the diagonal), 2 and 7.
+_MASK_SIZES = (5, 1, 2, 7)
+
+
+def _reference_mask(num_tokens: int, device: torch.device) -> torch.Tensor:
+    return torch.tril(torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=device))
+
+
+def _wrong_masks(num_tokens: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """The typical wrong bool masks, each keyed by the message that names it."""
+    ones = torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=device)
+    return {
+        "the polarity is flipped: your mask is True where attention is BLOCKED (the upper "
+        "triangle above the diagonal). The course's convention, and that of "
+        "torch.nn.functional.scaled_dot_product_attention, is True = may attend; "
+        "torch.nn.MultiheadAttention uses the opposite one. Print fn(4) and compare with "
+        "attnlib.causal_mask(4).": torch.triu(ones, diagonal=1),
+        "the diagonal is missing: token i may attend to itself, so mask[i, i] must be True. "
+        "Your mask is the strict lower triangle (torch.tril(..., diagonal=-1)); its first row is "
+        "all False, and a softmax over a row of -inf scores gives nan.": torch.tril(
+            ones, diagonal=-1
+        ),
+        "you built the UPPER triangle (torch.triu) instead of the lower one (torch.tril): "
+        "row i must be True for the keys j <= i, the tokens up to and including i.": torch.triu(
+            ones
+        ),
+    }
+
+
+@checker
+def check_causal_mask(fn, *, device=None) -> bool:
+    """Check ``fn(num_tokens)``: the causal mask, bool, **True where a query may attend**.
+
+    ``fn(num_tokens)`` must return a bool tensor of shape
+    ``(num_tokens, num_tokens)`` whose entry ``[i, j]`` is True exactly when
+    ``j <= i`` (the lower triangle, diagonal included), as
+    :func:`attnlib.causal_mask` does. It is probed with ``num_tokens`` = 5, 1,
+    2 and 7, and the mask is then used to hide the future in a softmax on
+    ``device``.
+
+    Recognised wrong answers: the polarity flipped (True = blocked), the
+    diagonal missing (strict lower triangle), the upper triangle instead of
+    the lower, a float or int mask instead of bool (including an additive
+    mask of 0 and -inf), and a wrong shape.
+
+    Args:
+        fn: the learner's function, ``fn(num_tokens) -> Tensor``.
+        device: where to use the mask (keyword only); default the CPU.
+            ``"cuda"`` checks that the mask works with tensors on the GPU.
+
+    Returns:
+        True, after printing one line, if ``fn`` is right.
+
+    Raises:
+        CheckFailed: ``fn`` is not a function, raises, or returns a wrong mask;
+            the message names the likely mistake.
+        TypeError: ``device`` is not a device, a string or None.
+        ValueError: ``device`` names CUDA on a machine without it.
+
+    Source: Vaswani et al. (2017), "Attention Is All You Need", section 3.2.3.
+    """
+    device = probe_device(device)
+    require_callable(fn, "your causal-mask function fn(num_tokens)")
+    for num_tokens in _MASK_SIZES:
+        what = f"fn({num_tokens})"
+        out = call_answer(fn, num_tokens, what=what)
+        shape = (num_tokens, num_tokens)
+        if isinstance(out, torch.Tensor) and tuple(out.shape) != shape:
+            raise CheckFailed(
+                f"{what} returned shape {tuple(out.shape)}; expected {shape}: one row per query "
+                "and one column per key, num_tokens of each. Did you use a fixed size instead of "
+                "the argument num_tokens?"
+            )
+        out = require_tensor(out, what, shape)
+        reference = _reference_mask(num_tokens, out.device)
+        if out.dtype != torch.bool:
+            _name_non_bool_mask(out, reference, what)
+        if torch.equal(out, reference):
+            continue
+        wrong = {message: mask.to(torch.float64)
+                 for message, mask in _wrong_masks(num_tokens, out.device).items()}
+        message = name_wrong_answer(out.to(torch.float64), wrong, atol=0.0, rtol=0.0)
+        if message is not None:
+            raise CheckFailed(f"{what}: {message}")
+        raise CheckFailed(
+            f"{what} returned\n{out.int()}\nbut the causal mask is\n{reference.int()}\n"
+            "(1 = True = may attend): row i is True in columns 0 to i."
+        )
+    _use_mask_on_device(fn, device)
+    return passed("a bool causal mask, True on and below the diagonal, for every size tried.")
+
+
+def _name_non_bool_mask(out: torch.Tensor, reference: torch.Tensor, what: str) -> None:
+    """A mask of the wrong dtype: say which kind it is."""
+    kind = "float" if out.is_floating_point() else str(out.dtype).replace("torch.", "")
+    values = out.to(torch.float64)
+    if out.is_floating_point() and torch.equal(values, torch.where(
+        reference, torch.zeros((), dtype=torch.float64, device=out.device),
+        torch.full((), float("-inf"), dtype=torch.float64, device=out.device),
+    )):
+        raise CheckFailed(
+            f"{what} returned an additive float mask (0 where allowed, -inf where blocked). That "
+            "form is valid where a mask is added to the scores, but this exercise asks for the "
+            "bool form: return a tensor of dtype torch.bool, True where a query may attend."
+        )
+    if torch.equal(values, reference.to(torch.float64)):
+        hint = "its 1s and 0s are in the right places"
+    elif torch.equal(values, (~reference).to(torch.float64)):
+        hint = "and its 1s mark the BLOCKED entries: the polarity is flipped as well"
+    else:
+        hint = "and its values are not the causal pattern either"
+    raise CheckFailed(
+        f"{what} returned a {kind} mask of dtype {out.dtype}, not bool ({hint}). masked_fill and "
+        "torch.nn.functional.scaled_dot_product_attention read a bool mask as 'may attend' / "
+        "'blocked', but treat a float mask as numbers to add to the scores. Create it bool: "
+        "torch.ones(n, n, dtype=torch.bool), or convert with .bool()."
+    )
+
+
+def _use_mask_on_device(fn, device: torch.device) -> None:
+    """Hide the future with the learner's mask on ``device``, as attention does."""
+    num_tokens = 5
+    mask = call_answer(fn, num_tokens, what=f"fn({num_tokens})").to(device)
+    generator = torch.Generator().manual_seed(5)
+    scores = torch.randn(num_tokens, num_tokens, generator=generator, dtype=torch.float64)
+    scores = scores.to(device)
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    expected = torch.softmax(
+        scores.masked_fill(~_reference_mask(num_tokens, device), float("-inf")), dim=-1
+    )
+    if not is_close(weights, expected):
+        raise CheckFailed(
+            f"used on {device}, your mask gives weights that differ from the causal ones by "
+            f"{max_difference(weights, expected):.3g}"
+        )
+
+
+# ---------------------------------------------------------------------------
+# A causal attention module
+# ---------------------------------------------------------------------------
+
+#: Sizes of the module probe: d_in != d_out, batch > 1, several num_tokens.
+_D_IN, _D_OUT, _CONTEXT_LENGTH, _BATCH = 5, 3, 8, 3
+_NUM_TOKENS = (7, 4, 1, 8)
+#: Dropout probability of the dropout probe: 1/p = 5 and 1/(1-p) = 1.25 differ.
+_P = 0.2
+#: Copies of one sequence in the dropout probe's batch; the mean over them is
+#: within about 3 % of its expectation (so 1.0, 0.8 and 4.0 are far apart).
+_DROPOUT_COPIES = 4000
+
+
+def _build(cls, dropout: float, qkv_bias: bool, device: torch.device, what: str):
+    args = (_D_IN, _D_OUT, _CONTEXT_LENGTH, dropout)
+    module = call_answer(cls, *args, qkv_bias=qkv_bias,
+                         what=f"{what}(d_in={_D_IN}, d_out={_D_OUT}, "
+                         f"context_length={_CONTEXT_LENGTH}, dropout={dropout}, "
+                         f"qkv_bias={qkv_bias})")
+    if not isinstance(module, nn.Module):
+        raise CheckFailed(f"{what}(...) did not build an nn.Module")
+    for name in ("W_query", "W_key", "W_value"):
+        layer = getattr(module, name, None)
+        weight = getattr(layer, "weight", None)
+        if not isinstance(weight, torch.Tensor):
+            raise CheckFailed(
+                f"your module has no {name} with a .weight: create it as "
+                f"self.{name} = nn.Linear(d_in, d_out, bias=qkv_bias)"
+            )
+        if tuple(weight.shape) != (_D_OUT, _D_IN):
+            raise CheckFailed(
+                f"{name}.weight has shape {tuple(weight.shape)}; with d_in={_D_IN} and "
+                f"d_out={_D_OUT} an nn.Linear(d_in, d_out) has weight ({_D_OUT}, {_D_IN})"
+            )
+        has_bias = getattr(layer, "bias", None) is not None
+        if has_bias != qkv_bias:
+            raise CheckFailed(
+                f"with qkv_bias={qkv_bias}, {name} {'has' if has_bias else 'has no'} bias: "
+                "pass bias=qkv_bias to each nn.Linear"
+            )
+    _require_registered_tensors(module)
+    return module.to(device=device, dtype=torch.float64)
+
+
+def _require_registered_tensors(module: nn.Module) -> None:
+    """A tensor kept as a plain attribute does not move with ``.to(device)``."""
+    for name, value in vars(module).items():
+        if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
+            raise CheckFailed(
+                f"self.{name} is a plain tensor attribute: module.to(device) does not move it and "
+                "state_dict() does not save it, so on a GPU the forward pass fails with a device "
+                f"mismatch. Register it: self.register_buffer({name!r}, ...)."
+            )
+
+
+def _set_weights(module: nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
+    """Seeded weights large enough that the scores are of order 1 to 3."""
+    generator = torch.Generator().manual_seed(2024)
+    weights = {}
+    with torch.no_grad():
+        for name in ("W_query", "W_key", "W_value"):
+            layer = getattr(module, name)
+            w = torch.randn(_D_OUT, _D_IN, generator=generator, dtype=torch.float64)
+            layer.weight.copy_(w.to(device))
+            weights[name] = layer.weight.detach().clone()
+            if layer.bias is not None:
+                b = 0.5 * torch.randn(_D_OUT, generator=generator, dtype=torch.float64)
+                layer.bias.copy_(b.to(device))
+                weights[name + ".bias"] = layer.bias.detach().clone()
+    return weights
+
+
+def _linear(x: torch.Tensor, weights: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    out = x @ weights[name].T
+    if name + ".bias" in weights:
+        out = out + weights[name + ".bias"]
+    return out
+
+
+def _causal_attention(
+    x: torch.Tensor,
+    weights: dict[str, torch.Tensor],
+    *,
+    scale: float | None = None,
+    mask: str = "causal",
+    softmax_dim: int = -1,
+) -> torch.Tensor:
+    """The reference (defaults) and its typical wrong variants, in float64.
+
+    ``mask``: ``"causal"``, ``"none"``, ``"flipped"``, ``"no_diagonal"``,
+    ``"after_softmax"`` (weights zeroed, not renormalised) or ``"zero_fill"``
+    (forbidden scores set to 0 instead of -inf).
+    """
+    queries = _linear(x, weights, "W_query")  # (b, num_tokens, d_out)
+    keys = _linear(x, weights, "W_key")  # (b, num_tokens, d_out)
+    values = _linear(x, weights, "W_value")  # (b, num_tokens, d_out)
+    num_tokens, d_k = x.shape[-2], keys.shape[-1]
+    scale = 1.0 / math.sqrt(d_k) if scale is None else scale
+    allowed = _reference_mask(num_tokens, x.device)
+    attn_scores = queries @ keys.transpose(-2, -1) * scale  # (b, num_tokens, num_tokens)
+    if mask == "causal":
+        attn_scores = attn_scores.masked_fill(~allowed, float("-inf"))
+    elif mask == "flipped":
+        attn_scores = attn_scores.masked_fill(allowed, float("-inf"))
+    elif mask == "no_diagonal":
+        attn_scores = attn_scores.masked_fill(~torch.tril(allowed, diagonal=-1), float("-inf"))
+    elif mask == "zero_fill":
+        attn_scores = attn_scores.masked_fill(~allowed, 0.0)
+    attn_weights = torch.softmax(attn_scores, dim=softmax_dim)
+    if mask == "after_softmax":
+        attn_weights = attn_weights * allowed
+    return attn_weights @ values  # (b, num_tokens, d_out)
+
+
+def _wrong_causal_attention(
+    x: torch.Tensor, weights: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    d_k = _D_OUT
+    return {
+        "the scores are not scaled: divide them by sqrt(d_k) = sqrt(d_out) before the softmax "
+        "(d_k is the size of the keys, keys.shape[-1]).": _causal_attention(x, weights, scale=1.0),
+        "the scores are divided by d_k instead of sqrt(d_k): use keys.shape[-1] ** 0.5.":
+            _causal_attention(x, weights, scale=1.0 / d_k),
+        "the softmax runs over the wrong dimension (dim=-2, over the queries): each ROW of "
+        "weights, one query's weights over the keys, must sum to 1, so use dim=-1.":
+            _causal_attention(x, weights, softmax_dim=-2),
+        "there is no causal mask: every token attends to the tokens after it as well. Fill the "
+        "scores above the diagonal with -inf before the softmax.":
+            _causal_attention(x, weights, mask="none"),
+        "the mask's polarity is flipped: you filled the ALLOWED scores with -inf, so each token "
+        "sees only the tokens after it (and the last row is all -inf, giving nan). With a mask "
+        "that is True where a query may attend, fill where it is False: masked_fill(~mask, ...).":
+            _causal_attention(x, weights, mask="flipped"),
+        "the mask hides the diagonal too: token i may attend to itself. The first row is then all "
+        "-inf and its softmax is nan; use torch.tril (diagonal included), not diagonal=-1.":
+            _causal_attention(x, weights, mask="no_diagonal"),
+        "the weights are masked AFTER the softmax and not renormalised, so rows no longer sum to "
+        "1. Fill the scores with -inf before the softmax (or divide each row by its sum).":
+            _causal_attention(x, weights, mask="after_softmax"),
+        "the forbidden scores are set to 0 instead of -inf: exp(0) = 1, so future tokens still get "
+        "weight. Use masked_fill(..., float('-inf')).":
+            _causal_attention(x, weights, mask="zero_fill"),
+    }
+
+
+def _probe_input(batch: int, num_tokens: int, seed: int, device: torch.device) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, num_tokens, _D_IN, generator=generator, dtype=torch.float64)
+    return x.to(device)
+
+
+def _forward(module: nn.Module, x: torch.Tensor, what: str) -> torch.Tensor:
+    with torch.no_grad():
+        out = call_answer(module, x, what=what)
+    return require_tensor(out, what, (x.shape[0], x.shape[1], _D_OUT), device=x.device)
+
+
+def _check_no_future_leak(module: nn.Module, x: torch.Tensor, what: str) -> None:
+    """Change token t: the outputs before t must not move."""
+    num_tokens = x.shape[1]
+    base = _forward(module, x, what)
+    for t in range(1, num_tokens):
+        changed = x.clone()
+        changed[:, t] += 1.5
+        out = _forward(module, changed, what)
+        moved = (out[:, :t] - base[:, :t]).abs().amax().item()
+        if not moved <= 1e-12:
+            raise CheckFailed(
+                f"a future token leaks: changing the input at position {t} changed the outputs "
+                f"at positions before {t} by up to {moved:.3g}. Token i may only attend to tokens "
+                "0..i: fill the scores above the diagonal with -inf before the softmax."
+            )
+
+
+def _check_dropout(cls, device: torch.device, what: str) -> None:
+    """Dropout on the weights: random in training mode, off in eval mode, mean kept."""
+    module = _build(cls, _P, False, device, what)
+    weights = _set_weights(module, device)
+    x = _probe_input(1, 6, seed=11, device=device)
+    reference = _causal_attention(x, weights)
+    copies = x.expand(_DROPOUT_COPIES, -1, -1).contiguous()
+    torch.manual_seed(0)  # inside the checker's fork of the RNG
+    module.train()
+    first = _forward(module, copies, f"{what}(..., dropout={_P}) in training mode")
+    if is_close(first, reference.expand_as(first)):
+        raise CheckFailed(
+            f"with dropout={_P}, training mode gives the dropout-free output: the attention "
+            "weights are never dropped. Apply self.dropout = nn.Dropout(dropout) to attn_weights "
+            "in forward."
+        )
+    mean = first.mean(dim=0)
+    factor = float((mean * reference[0]).sum() / (reference[0] * reference[0]).sum())
+    if abs(factor - 1.0) > 0.1:
+        if abs(factor - (1 - _P) / _P) < 0.4:
+            problem = (f"the kept weights are scaled by 1/p = {1 / _P:g} instead of "
+                       f"1/(1-p) = {1 / (1 - _P):g}")
+        elif abs(factor - (1 - _P)) < 0.05:
+            problem = "the kept weights are not scaled by 1/(1-p)"
+        else:
+            problem = "the dropout does not keep the expected value of the weights"
+        raise CheckFailed(
+            f"with dropout={_P}, the mean output over {_DROPOUT_COPIES} draws is {factor:.2f} "
+            f"times the dropout-free output instead of 1: {problem}. Inverted dropout keeps each "
+            "weight with probability 1-p and scales it by 1/(1-p); nn.Dropout(p) does this."
+        )
+    module.eval()
+    evaluated = _forward(module, copies[:2], f"{what}(..., dropout={_P}) in eval mode")
+    if not is_close(evaluated, reference.expand(2, -1, -1)):
+        raise CheckFailed(
+            f"with dropout={_P}, eval mode does not give the dropout-free output (max difference "
+            f"{max_difference(evaluated, reference.expand(2, -1, -1)):.3g}): dropout must be off "
+            "after module.eval(). nn.Dropout switches itself off; torch.nn.functional.dropout "
+            "needs training=self.training."
+        )
+
+
+@checker
+def check_causal_attention(cls, *, device=None) -> bool:
+    """Check a causal self-attention class that behaves like :class:`attnlib.CausalAttention`.
+
+    ``cls(d_in, d_out, context_length, dropout, qkv_bias=False)`` must build an
+    ``nn.Module`` with ``nn.Linear(d_in, d_out, bias=qkv_bias)`` layers
+    ``W_query``, ``W_key``, ``W_value``; ``module(x)`` maps ``x`` of shape
+    ``(batch, num_tokens, d_in)``, ``num_tokens <= context_length``, to context
+    vectors ``(batch, num_tokens, d_out)``: scores scaled by ``1/sqrt(d_out)``,
+    the future hidden by ``-inf`` before the softmax (row-wise), dropout on the
+    attention weights in training mode only.
+
+    The checker builds the class with ``d_in=5, d_out=3, context_length=8``,
+    gives it seeded float64 weights (with and without bias), and compares its
+    output with the reference for a batch of 3 and ``num_tokens`` = 7, 4, 1, 8;
+    it perturbs each token to find a future token leaking; and with
+    ``dropout=0.2`` it compares the mean output in training mode over 4,000
+    draws (1/(1-p) = 1.25 and 1/p = 5 differ) and the output in eval mode.
+
+    Recognised wrong answers: scores not scaled, divided by ``d_k`` instead of
+    ``sqrt(d_k)``, softmax over the wrong dimension, no mask (a future token
+    leaks), mask with flipped polarity, mask without the diagonal, mask applied
+    after the softmax without renormalising, forbidden scores set to 0 instead
+    of ``-inf``, the mask kept as a plain attribute instead of a buffer,
+    ``qkv_bias`` ignored, no dropout in training mode, dropout scaled by
+    ``1/p`` or not scaled, dropout still active in eval mode.
+
+    Args:
+        cls: the learner's class (not an instance).
+        device: where to probe (keyword only); default the CPU.
+
+    Returns:
+        True, after printing one line, if the class is right.
+
+    Raises:
+        CheckFailed: ``cls`` is not an ``nn.Module`` class, raises, or computes
+            something else; the message names the likely mistake.
+        TypeError: ``device`` is not a device, a string or None.
+        ValueError: ``device`` names CUDA on a machine without it.
+
+    Source: Vaswani et al. (2017), "Attention Is All You Need", eq. (1) and
+    section 3.2.3; Raschka (2024), *Build a Large Language Model (From
+    Scratch)*, section 3.5.
+    """
+    device = probe_device(device)
+    require_class(cls, "your causal attention class")
+    what = cls.__name__
+    for qkv_bias in (False, True):
+        module = _build(cls, 0.0, qkv_bias, device, what).eval()
+        weights = _set_weights(module, device)
+        for index, num_tokens in enumerate(_NUM_TOKENS):
+            x = _probe_input(_BATCH, num_tokens, seed=100 + index, device=device)
+            call = f"{what}(...)(x) with x of shape {tuple(x.shape)}"
+            out = _forward(module, x, call)
+            reference = _causal_attention(x, weights)
+            if is_close(out, reference):
+                continue
+            message = name_wrong_answer(out, _wrong_causal_attention(x, weights))
+            if message is not None:
+                raise CheckFailed(f"{call}: {message}")
+            _check_no_future_leak(module, x, call)
+            raise CheckFailed(
+                f"{call} differs from the reference causal attention by up to "
+                f"{max_difference(out, reference):.3g}. Check the order: project, scores "
+                "queries @ keys^T, -inf above the diagonal, scale by 1/sqrt(d_out), softmax over "
+                "dim=-1, dropout, weights @ values."
+            )
+        _check_no_future_leak(module, _probe_input(2, _CONTEXT_LENGTH, 7, device), what)
+    _check_dropout(cls, device, what)
+    return passed(
+        f"{what} matches causal attention for every size tried, no future token leaks, and its "
+        "dropout keeps the mean in training mode and is off in eval mode."
+    )

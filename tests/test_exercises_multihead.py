@@ -1,0 +1,333 @@
+"""attnlib.exercises.multihead: check_merge_heads and check_multi_head_attention.
+
+Each checker accepts the reference and the book's solution, and rejects each
+typical wrong answer with a message that names it (one test per wrong answer).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import attnlib
+from attnlib.exercises import CheckFailed, check_merge_heads, check_multi_head_attention
+from attnlib.exercises.multihead import _multi_head_attention, _set_weights
+
+# ---------------------------------------------------------------------------
+# check_merge_heads
+# ---------------------------------------------------------------------------
+
+
+def book_merge_heads(context_vec):
+    """The solution printed in chapter 6."""
+    b, num_heads, num_tokens, head_dim = context_vec.shape
+    context_vec = context_vec.transpose(1, 2)  # (b, num_tokens, num_heads, head_dim)
+    return context_vec.reshape(b, num_tokens, num_heads * head_dim)
+
+
+def test_check_merge_heads_accepts_the_book_solution(capsys):
+    assert check_merge_heads(book_merge_heads) is True
+    assert capsys.readouterr().out.startswith("Correct:")
+
+
+def test_check_merge_heads_accepts_contiguous_view_and_cat():
+    def contiguous_view(c):
+        b, h, n, d = c.shape
+        return c.transpose(1, 2).contiguous().view(b, n, h * d)
+
+    def cat(c):
+        return torch.cat(c.unbind(dim=1), dim=-1)
+
+    assert check_merge_heads(contiguous_view) is True
+    assert check_merge_heads(cat) is True
+
+
+def _reshape_only(c):
+    b, h, n, d = c.shape
+    return c.reshape(b, n, h * d)
+
+
+def _reversed(c):
+    return book_merge_heads(c.flip(1))
+
+
+def _interleaved(c):
+    b, h, n, d = c.shape
+    return c.permute(0, 2, 3, 1).reshape(b, n, h * d)
+
+
+def _view_without_contiguous(c):
+    b, h, n, d = c.shape
+    return c.transpose(1, 2).view(b, n, h * d)
+
+
+def _in_place(c):
+    c.mul_(1.0)
+    c += 0.0
+    c[0, 0, 0, 0] = 0.0
+    return book_merge_heads(c)
+
+
+def _no_merge(c):
+    return c.transpose(1, 2)
+
+
+@pytest.mark.parametrize(
+    ("wrong", "named"),
+    [
+        pytest.param(_reshape_only, "merged without moving them back", id="no-transpose"),
+        pytest.param(_reversed, "concatenated in the wrong order", id="wrong-order"),
+        pytest.param(_interleaved, "interleaved across heads", id="interleaved"),
+        pytest.param(_view_without_contiguous, "use .contiguous\\(\\).view", id="view"),
+        pytest.param(_in_place, "changed its input in place", id="in-place"),
+        pytest.param(_no_merge, r"returned shape \(2, 5, 3, 4\); expected \(2, 5, 12\)",
+                     id="not-merged"),
+    ],
+)
+def test_check_merge_heads_names_each_wrong_answer(wrong, named):
+    with pytest.raises(CheckFailed, match=named):
+        check_merge_heads(wrong)
+
+
+@pytest.mark.parametrize(
+    ("answer", "named"),
+    [
+        pytest.param("transpose", "a function, but got str", id="a-string"),
+        pytest.param(lambda c: c.numpy(), "returned numpy.ndarray", id="numpy"),
+        pytest.param(lambda c: _reshape_only(c).float(), "dtype torch.float32", id="dtype"),
+    ],
+)
+def test_check_merge_heads_answers_nonsense_clearly(answer, named):
+    with pytest.raises(CheckFailed, match=named):
+        check_merge_heads(answer)
+
+
+# ---------------------------------------------------------------------------
+# check_multi_head_attention
+# ---------------------------------------------------------------------------
+
+
+class BookMultiHeadAttention(nn.Module):
+    """The solution printed in chapter 6."""
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__()
+        if d_out % num_heads != 0:
+            raise ValueError(f"d_out={d_out} is not divisible by num_heads={num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = d_out // num_heads
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.out_proj = nn.Linear(d_out, d_out)
+        self.dropout = nn.Dropout(dropout)
+        mask = torch.tril(torch.ones(context_length, context_length, dtype=torch.bool))
+        self.register_buffer("mask", mask)  # True = may attend
+
+    def forward(self, x):
+        b, num_tokens, _ = x.shape
+        shape = (b, num_tokens, self.num_heads, self.head_dim)
+        queries = self.W_query(x).view(shape).transpose(1, 2)  # (b, heads, tokens, head_dim)
+        keys = self.W_key(x).view(shape).transpose(1, 2)
+        values = self.W_value(x).view(shape).transpose(1, 2)
+        attn_scores = queries @ keys.transpose(2, 3)  # (b, heads, tokens, tokens)
+        allowed = self.mask[:num_tokens, :num_tokens]
+        attn_scores = attn_scores.masked_fill(~allowed, float("-inf"))
+        attn_weights = torch.softmax(attn_scores / self.head_dim**0.5, dim=-1)
+        attn_weights = self.dropout(attn_weights)
+        context_vec = (attn_weights @ values).transpose(1, 2)  # (b, tokens, heads, head_dim)
+        context_vec = context_vec.reshape(b, num_tokens, self.num_heads * self.head_dim)
+        return self.out_proj(context_vec)
+
+
+def make_mha(mistake):
+    """A multi-head attention class with one typical mistake."""
+
+    class Wrong(nn.Module):
+        def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+            super().__init__()
+            self.num_heads, self.head_dim, self.d_out = num_heads, d_out // num_heads, d_out
+            bias = False if mistake == "ignores_qkv_bias" else qkv_bias
+            self.W_query = nn.Linear(d_in, d_out, bias=bias)
+            self.W_key = nn.Linear(d_in, d_out, bias=bias)
+            self.W_value = nn.Linear(d_in, d_out, bias=bias)
+            self.out_proj = nn.Linear(d_out, d_out)
+            self.p = dropout
+            mask = torch.tril(torch.ones(context_length, context_length, dtype=torch.bool))
+            if mistake == "plain_attribute_mask":
+                self.mask = mask
+            else:
+                self.register_buffer("mask", mask)
+
+        def forward(self, x):
+            b, n, _ = x.shape
+            h, hd = self.num_heads, self.head_dim
+
+            def split(t):
+                if mistake in ("split_no_transpose", "split_and_merge_no_transpose"):
+                    return t.view(b, h, n, hd)
+                return t.view(b, n, h, hd).transpose(1, 2)
+
+            q, k, v = split(self.W_query(x)), split(self.W_key(x)), split(self.W_value(x))
+            scores = q @ k.transpose(2, 3)
+            allowed = self.mask[:n, :n]
+            if mistake == "flipped_mask":
+                scores = scores.masked_fill(allowed, float("-inf"))
+            elif mistake == "no_diagonal":
+                scores = scores.masked_fill(~torch.tril(allowed, diagonal=-1), float("-inf"))
+            elif mistake != "no_mask":
+                scores = scores.masked_fill(~allowed, float("-inf"))
+            scale = {"not_scaled": 1.0, "scaled_by_d_out": self.d_out**0.5}.get(mistake, hd**0.5)
+            weights = torch.softmax(scores / scale, dim=-2 if mistake == "softmax_dim" else -1)
+            if mistake == "only_last_token_leaks":
+                weights = weights.clone()
+                weights[:, :, :-1, -1] += 0.01
+            keep = torch.rand_like(weights) >= self.p
+            if mistake == "dropout_one_over_p":
+                weights = weights * keep / self.p if self.training and self.p else weights
+            elif mistake == "dropout_in_eval":
+                weights = F.dropout(weights, self.p, training=True)
+            elif mistake != "no_dropout":
+                weights = F.dropout(weights, self.p, training=self.training)
+            context = weights @ v  # (b, h, n, hd)
+            if mistake == "wrong_head_order":
+                context = context.flip(1)
+            if mistake in ("merge_no_transpose", "split_and_merge_no_transpose"):
+                context = context.reshape(b, n, self.d_out)
+            elif mistake == "view_not_contiguous":
+                context = context.transpose(1, 2).view(b, n, self.d_out)
+            else:
+                context = context.transpose(1, 2).reshape(b, n, self.d_out)
+            return context if mistake == "no_out_proj" else self.out_proj(context)
+
+    Wrong.__name__ = f"MHA_{mistake}"
+    return Wrong
+
+
+def test_check_multi_head_attention_accepts_attnlib(capsys):
+    assert check_multi_head_attention(attnlib.MultiHeadAttention) is True
+    assert "no future token" in capsys.readouterr().out
+
+
+def test_check_multi_head_attention_accepts_the_book_solution():
+    assert check_multi_head_attention(BookMultiHeadAttention) is True
+
+
+def test_check_multi_head_attention_accepts_the_correct_variant_of_the_test_class():
+    assert check_multi_head_attention(make_mha("none")) is True
+
+
+def test_the_checkers_reference_is_attnlib_multi_head_attention():
+    """The reference the checker compares with is attnlib's, weights copied across."""
+    torch.manual_seed(0)
+    for d_in, d_out, num_heads, qkv_bias in [(5, 6, 2, False), (4, 6, 3, True)]:
+        module = attnlib.MultiHeadAttention(d_in, d_out, 8, 0.0, num_heads, qkv_bias)
+        module = module.double().eval()
+        weights = _set_weights(module, torch.device("cpu"), seed=3)
+        x = torch.randn(3, 7, d_in, dtype=torch.float64)
+        with torch.no_grad():
+            expected = module(x)
+        torch.testing.assert_close(_multi_head_attention(x, weights, num_heads), expected)
+
+
+@pytest.mark.parametrize(
+    ("mistake", "named"),
+    [
+        ("not_scaled", "scores are not scaled"),
+        ("scaled_by_d_out", r"scaled by 1/sqrt\(d_out\) = 1/sqrt\(6\).*instead of "
+                            r"1/sqrt\(head_dim\) = 1/sqrt\(3\)"),
+        ("softmax_dim", "softmax runs over the wrong dimension"),
+        ("no_mask", "there is no causal mask"),
+        ("flipped_mask", "polarity is flipped"),
+        ("no_diagonal", "hides the diagonal too"),
+        ("merge_no_transpose", "merged without moving them back"),
+        ("wrong_head_order", "concatenated in the wrong order"),
+        ("split_no_transpose", "split without the transpose"),
+        ("split_and_merge_no_transpose", "split AND merged by reshape alone"),
+        ("view_not_contiguous", "use .contiguous\\(\\).view"),
+        ("no_out_proj", "out_proj is not applied"),
+        ("only_last_token_leaks", "a future token leaks"),
+        ("plain_attribute_mask", "self.mask is a plain tensor attribute"),
+        ("ignores_qkv_bias", "must have a bias exactly when qkv_bias=True"),
+        ("no_dropout", "the attention weights are never dropped"),
+        ("dropout_one_over_p", r"scaled by 1/p = 5 instead of 1/\(1-p\) = 1.25"),
+        ("dropout_in_eval", "dropout must be off after module.eval"),
+    ],
+)
+def test_check_multi_head_attention_names_each_wrong_answer(mistake, named):
+    with pytest.raises(CheckFailed, match=named):
+        check_multi_head_attention(make_mha(mistake))
+
+
+def test_check_multi_head_attention_names_a_wrapper_of_heads():
+    with pytest.raises(CheckFailed, match="has no W_query with a .weight"):
+        check_multi_head_attention(attnlib.MultiHeadAttentionWrapper)
+
+
+def test_check_multi_head_attention_names_per_head_sized_projections():
+    class PerHead(BookMultiHeadAttention):
+        def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+            super().__init__(d_in, d_out * num_heads, context_length, dropout, num_heads,
+                             qkv_bias)
+
+    with pytest.raises(CheckFailed, match=r"W_query.weight has shape \(12, 5\), expected \(6, 5\)"):
+        check_multi_head_attention(PerHead)
+
+
+@pytest.mark.parametrize(
+    ("answer", "named"),
+    [
+        pytest.param("MultiHeadAttention", "a class, but got str", id="a-string"),
+        pytest.param(BookMultiHeadAttention(3, 4, 4, 0.0, 2), "not an instance", id="instance"),
+        pytest.param(int, "subclass of torch.nn.Module", id="not-a-module"),
+    ],
+)
+def test_check_multi_head_attention_answers_nonsense_clearly(answer, named):
+    with pytest.raises(CheckFailed, match=named):
+        check_multi_head_attention(answer)
+
+
+def test_check_multi_head_attention_names_a_wrong_output_shape():
+    class PerHeadOutput(BookMultiHeadAttention):
+        def forward(self, x):
+            return super().forward(x)[..., :-1]
+
+    with pytest.raises(CheckFailed, match=r"returned shape \(3, 7, 5\); expected \(3, 7, 6\)"):
+        check_multi_head_attention(PerHeadOutput)
+
+
+def test_check_multi_head_attention_reports_the_stub():
+    class Stub(nn.Module):
+        def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+            super().__init__()
+
+        def forward(self, x):
+            raise NotImplementedError
+
+    with pytest.raises(CheckFailed, match="no W_query"):
+        check_multi_head_attention(Stub)
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        pytest.param(lambda: check_merge_heads(book_merge_heads), id="merge"),
+        pytest.param(lambda: check_multi_head_attention(BookMultiHeadAttention), id="mha"),
+        pytest.param(lambda: pytest.raises(CheckFailed, check_multi_head_attention,
+                                           make_mha("dropout_in_eval")), id="failing"),
+    ],
+)
+def test_checks_leave_the_global_random_state_unchanged(run):
+    torch.manual_seed(99)
+    before = torch.get_rng_state()
+    run()
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+def test_checks_run_on_cuda():
+    assert check_merge_heads(book_merge_heads, device="cuda") is True
+    assert check_multi_head_attention(BookMultiHeadAttention, device="cuda") is True
+    assert check_multi_head_attention(attnlib.MultiHeadAttention, device="cuda") is True
