@@ -7,7 +7,9 @@ Functions are grouped by concept, not by chapter:
   a readable reference of scaled dot-product attention.
 * :mod:`attnlib.attention` - the attention modules, from ``SelfAttention_v1``
   to ``MultiHeadAttention``.
-* :mod:`attnlib.positional` - positional encodings.
+* :mod:`attnlib.positional` - positional encodings, rotary embeddings (RoPE).
+* :mod:`attnlib.kv_cache` - the key-value cache for generating token by token.
+* :mod:`attnlib.gqa` - grouped-query (and multi-query) attention.
 * :mod:`attnlib.experiments` - the measured experiments the chapters plot.
 * :mod:`attnlib.viz` - figures (matplotlib is imported only when drawing).
 * :mod:`attnlib.device` - picking CPU or GPU.
@@ -25,11 +27,15 @@ from .attention import (
     SelfAttention_v2,
 )
 from .data import JOURNEY_TOKENS, journey_embeddings
+from .gqa import GroupedQueryAttention
+from .kv_cache import KVCache
 from .device import get_device
 from .functional import (
+    bottom_right_causal_mask,
     causal_mask,
     scaled_dot_product_attention,
     simplified_attention,
+    sliding_window_mask,
     softmax,
     softmax_naive,
 )
@@ -46,7 +52,9 @@ __version__ = "0.2.0"
 
 __all__ = [
     "CausalAttention",
+    "GroupedQueryAttention",
     "JOURNEY_TOKENS",
+    "KVCache",
     "LearnedPositionalEmbedding",
     "MultiHeadAttention",
     "MultiHeadAttentionWrapper",
@@ -54,6 +62,7 @@ __all__ = [
     "SelfAttention_v1",
     "SelfAttention_v2",
     "SinusoidalPositionalEncoding",
+    "bottom_right_causal_mask",
     "causal_mask",
     "data",
     "device",
@@ -67,6 +76,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "show_source",
     "simplified_attention",
+    "sliding_window_mask",
     "sinusoidal_encoding",
     "softmax",
     "softmax_naive",

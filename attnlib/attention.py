@@ -42,7 +42,9 @@ from ._validation import check_bool as _check_bool
 from ._validation import check_dropout as _check_dropout
 from ._validation import check_input as _check_input
 from ._validation import check_positive_int as _check_positive_int
+from ._validation import type_name
 from .functional import causal_mask
+from .kv_cache import KVCache
 
 __all__ = [
     "SelfAttention_v1",
@@ -106,6 +108,80 @@ def _fused_qkv_projection(
     sizes = [W_query.out_features, W_key.out_features, W_value.out_features]
     queries, keys, values = qkv.split(sizes, dim=-1)
     return queries, keys, values
+
+
+#: torch >= 2.5 lets scaled_dot_product_attention share key/value heads itself.
+_SDPA_HAS_ENABLE_GQA = torch.torch_version.TorchVersion(torch.__version__) >= "2.5"
+
+
+def _num_cached(kv_cache: object, num_tokens: int, context_length: int) -> int:
+    """Tokens already in ``kv_cache`` (0 without one); checks before any computation.
+
+    Raises:
+        TypeError: ``kv_cache`` is neither None nor a :class:`KVCache`.
+        ValueError: the cached and the new tokens together exceed ``context_length``.
+    """
+    if kv_cache is None:
+        return 0
+    if not isinstance(kv_cache, KVCache):
+        raise TypeError(f"kv_cache must be an attnlib.KVCache or None, got {type_name(kv_cache)}")
+    num_cached = kv_cache.num_tokens
+    if num_cached + num_tokens > context_length:
+        raise ValueError(
+            f"the KV cache holds {num_cached} tokens and x adds num_tokens={num_tokens}: "
+            f"{num_cached + num_tokens} tokens exceed context_length={context_length}"
+        )
+    return num_cached
+
+
+def _causal_attention(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    num_cached: int,
+    dropout_p: float,
+    return_weights: bool,
+):
+    """Causal attention of new queries to cached + new keys, bottom-right aligned.
+
+    ``queries``: ``(b, num_heads, num_new, head_dim)``; ``keys`` and ``values``:
+    ``(b, num_kv_heads, num_cached + num_new, head_dim)``, ``num_kv_heads``
+    dividing ``num_heads`` (key/value head ``j`` serves query heads
+    ``j * r ... j * r + r - 1``, ``r = num_heads // num_kv_heads``). The new
+    queries are the *last* ``num_new`` positions, so query ``i`` may attend to
+    keys ``0 ... num_cached + i``: rows ``num_cached ...`` of the square causal
+    ``mask`` buffer (True = may attend). Returns ``context_vec``
+    ``(b, num_heads, num_new, head_dim)`` and, with ``return_weights``, also
+    ``attn_weights`` ``(b, num_heads, num_new, num_cached + num_new)``.
+    """
+    num_heads, num_kv_heads = queries.shape[1], keys.shape[1]
+    num_tokens_kv = keys.shape[-2]
+    allowed = mask[num_cached:num_tokens_kv, :num_tokens_kv]  # (num_new, num_tokens_kv)
+    if return_weights:
+        if num_kv_heads != num_heads:  # give every query head its own copy of its group's
+            group_size = num_heads // num_kv_heads
+            keys = keys.repeat_interleave(group_size, dim=1)  # (b, num_heads, N_kv, head_dim)
+            values = values.repeat_interleave(group_size, dim=1)  # (b, num_heads, N_kv, head_dim)
+        return attn_functional.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=allowed, dropout_p=dropout_p, return_weights=True
+        )  # (b, num_heads, num_new, head_dim), (b, num_heads, num_new, num_tokens_kv)
+
+    kwargs = {}
+    if num_kv_heads != num_heads:
+        if _SDPA_HAS_ENABLE_GQA:
+            kwargs["enable_gqa"] = True
+        else:
+            group_size = num_heads // num_kv_heads
+            keys = keys.repeat_interleave(group_size, dim=1)  # (b, num_heads, N_kv, head_dim)
+            values = values.repeat_interleave(group_size, dim=1)
+    if num_cached == 0:  # square: torch's top-left causal mask is the right one
+        kwargs["is_causal"] = True
+    elif queries.shape[-2] > 1:  # several new tokens after cached ones: bottom-right mask
+        kwargs["attn_mask"] = allowed
+    # (one new token after cached ones may attend to every key: no mask at all)
+    return F.scaled_dot_product_attention(queries, keys, values, dropout_p=dropout_p, **kwargs)
+    # (b, num_heads, num_new, head_dim)
 
 
 # ---------------------------------------------------------------------------
@@ -605,33 +681,55 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(d_out, d_out, bias=out_bias)
         _register_causal_mask(self, context_length)
 
-    def forward(self, x: torch.Tensor, return_weights: bool = False):
+    def forward(
+        self,
+        x: torch.Tensor,
+        return_weights: bool = False,
+        *,
+        kv_cache: KVCache | None = None,
+    ):
         """Causal multi-head self-attention of ``x``.
 
         Args:
             x: input embeddings, ``(batch, num_tokens, d_in)``, with
-                ``num_tokens <= context_length``.
+                ``num_tokens <= context_length``. With ``kv_cache``, only the
+                *new* tokens.
             return_weights: take the readable path and also return the
                 per-head attention weights. Default ``False`` (fast path).
+            kv_cache: keyword-only; an :class:`attnlib.KVCache` holding the keys
+                and values of the tokens before ``x`` (empty at the start of a
+                sequence). The new tokens' keys and values are appended to it
+                in place, and the new queries attend to everything cached and
+                to themselves, causally: ``x``'s token ``i`` sits at position
+                ``num_cached + i`` and sees keys ``0 ... num_cached + i`` (the
+                causal mask aligned at the bottom-right). Feeding a sequence in
+                chunks, one call per chunk with the same cache, gives the
+                outputs of one call on the whole sequence. Default None.
 
         Returns:
             ``context_vec``: ``(batch, num_tokens, d_out)``. With
             ``return_weights=True``, the pair ``(context_vec, attn_weights)``,
-            ``attn_weights`` being ``(batch, num_heads, num_tokens, num_tokens)``:
+            ``attn_weights`` being ``(batch, num_heads, num_tokens,
+            num_cached + num_tokens)`` (``num_cached = 0`` without a cache):
             the weights applied to the values, after dropout.
 
         Raises:
             TypeError: ``x`` is not a floating-point tensor or its dtype
                 differs from the module's parameters (a device mismatch is a
-                ValueError), or
-                ``return_weights`` is not a bool.
+                ValueError), ``return_weights`` is not a bool, or ``kv_cache``
+                is not a :class:`KVCache`.
             ValueError: ``x`` is not 3-D, ``x.shape[-1] != d_in``, ``x`` has no
-                tokens, or ``num_tokens > context_length``.
+                tokens, ``num_tokens > context_length``, the cached and new
+                tokens together exceed ``context_length``, or the cache holds
+                another batch size or layout.
         """
         _check_input(x, self.d_in, (3,), self.context_length, like=self.W_query.weight)
         _check_bool("return_weights", return_weights)
         b, num_tokens, _ = x.shape
         num_heads, head_dim = self.num_heads, self.head_dim
+        num_cached = _num_cached(kv_cache, num_tokens, self.context_length)
+        if kv_cache is not None:
+            kv_cache.check_next(b, num_heads, head_dim, head_dim, x.dtype, x.device)
 
         # Project, then split d_out into heads and move heads before tokens.
         if return_weights:  # readable: one projection per matrix, as in the chapters
@@ -646,16 +744,18 @@ class MultiHeadAttention(nn.Module):
         # keys: (b, num_heads, num_tokens, head_dim)
         values = values.view(b, num_tokens, num_heads, head_dim).transpose(1, 2)
         # values: (b, num_heads, num_tokens, head_dim)
+        if kv_cache is not None:  # append; attend to the cached tokens and the new ones
+            keys, values = kv_cache.update(keys, values)
+            # keys, values: (b, num_heads, num_cached + num_tokens, head_dim)
 
         dropout_p = self.dropout_p if self.training else 0.0
         if return_weights:
-            allowed = self.mask[:num_tokens, :num_tokens]  # (num_tokens, num_tokens), True = attend
-            context_vec, attn_weights = attn_functional.scaled_dot_product_attention(
-                queries, keys, values, attn_mask=allowed, dropout_p=dropout_p, return_weights=True
-            )  # (b, num_heads, num_tokens, head_dim), (b, num_heads, num_tokens, num_tokens)
+            context_vec, attn_weights = _causal_attention(
+                queries, keys, values, self.mask, num_cached, dropout_p, return_weights=True
+            )  # (b, num_heads, num_tokens, head_dim), (b, num_heads, num_tokens, N_kv)
         else:
-            context_vec = F.scaled_dot_product_attention(
-                queries, keys, values, dropout_p=dropout_p, is_causal=True
+            context_vec = _causal_attention(
+                queries, keys, values, self.mask, num_cached, dropout_p, return_weights=False
             )  # (b, num_heads, num_tokens, head_dim)
 
         # Put the heads back side by side: reshape copies, as the transpose is not contiguous.

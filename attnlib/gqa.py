@@ -1,0 +1,232 @@
+"""Grouped-query attention: fewer key/value heads than query heads.
+
+In multi-head attention every query head has its own key and value heads, so
+a KV cache stores ``2 * num_heads * head_dim`` numbers per token and layer.
+Multi-query attention (Shazeer 2019) keeps a single key/value head shared by
+all query heads; grouped-query attention (Ainslie et al. 2023) sits between
+the two: ``num_kv_groups`` key/value heads, each shared by a group of
+``num_heads // num_kv_groups`` query heads. The cache shrinks by the factor
+``num_heads / num_kv_groups``.
+
+Shape legend (as in :mod:`attnlib.attention`), plus:
+
+* ``num_kv_groups``: key/value heads; divides ``num_heads``.
+* ``group_size``: ``num_heads // num_kv_groups``, query heads per key/value head.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ._validation import check_bool as _check_bool
+from ._validation import check_dropout as _check_dropout
+from ._validation import check_input as _check_input
+from ._validation import check_positive_int as _check_positive_int
+from .attention import (
+    _causal_attention,
+    _fused_qkv_projection,
+    _num_cached,
+    _register_causal_mask,
+)
+from .kv_cache import KVCache
+from .positional import RotaryPositionalEmbedding
+
+__all__ = ["GroupedQueryAttention"]
+
+
+class GroupedQueryAttention(nn.Module):
+    r"""Causal grouped-query self-attention, optionally with rotary position embeddings.
+
+    Queries are projected to ``num_heads`` heads of ``head_dim = d_out // num_heads``
+    features, as in :class:`attnlib.MultiHeadAttention`; keys and values to only
+    ``num_kv_groups`` heads of the same size. Key/value head ``j`` serves query
+    heads ``j * group_size ... (j + 1) * group_size - 1`` (consecutive query
+    heads share, as :func:`torch.repeat_interleave` on the head dimension and
+    ``torch.nn.functional.scaled_dot_product_attention(..., enable_gqa=True)``
+    arrange them). ``num_kv_groups == num_heads`` is multi-head attention;
+    ``num_kv_groups == 1`` is multi-query attention.
+
+    With ``rope=True`` a :class:`attnlib.RotaryPositionalEmbedding` rotates the
+    queries and keys of each head by their positions (after the projection,
+    before the scores), as in Llama-style models; with a KV cache the positions
+    continue from the number of cached tokens, and the cache stores rotated keys.
+
+    ``forward`` has the two paths of :class:`attnlib.MultiHeadAttention`: a
+    fast one (one fused projection GEMM and torch's fused attention kernel,
+    which shares the key/value heads itself) and a readable one
+    (``return_weights=True``: ``repeat_interleave`` then
+    :func:`attnlib.scaled_dot_product_attention`).
+
+    Args:
+        d_in: size of each input embedding.
+        d_out: size of the layer's output (all query heads together); must be
+            divisible by ``num_heads``.
+        context_length: the most tokens (cached and new) a sequence may have.
+        dropout: probability of zeroing each attention weight in training
+            mode, in ``[0, 1)``.
+        num_heads: number of query heads.
+        num_kv_groups: number of key/value heads; must divide ``num_heads``.
+        qkv_bias: give the query, key and value projections a bias. Default ``False``.
+        out_bias: keyword-only; give ``out_proj`` a bias. Default ``True``.
+        rope: keyword-only; rotate queries and keys with RoPE. Default ``False``
+            (no positional information inside the layer).
+        rope_base: keyword-only; RoPE's ``base``. Default 10000.
+
+    Attributes:
+        W_query: ``nn.Linear(d_in, d_out, bias=qkv_bias)``.
+        W_key, W_value: ``nn.Linear(d_in, num_kv_groups * head_dim, bias=qkv_bias)``.
+        out_proj: ``nn.Linear(d_out, d_out, bias=out_bias)``. Parameters are
+            created in the order ``W_query``, ``W_key``, ``W_value``, ``out_proj``.
+        head_dim: ``d_out // num_heads``; group_size: ``num_heads // num_kv_groups``.
+        rope: the :class:`attnlib.RotaryPositionalEmbedding`, or None.
+        mask: bool buffer ``(context_length, context_length)``, True = may attend.
+
+    Warning:
+        Dropout acts in training mode, which is a module's default: call
+        ``.eval()`` for deterministic outputs.
+
+    Raises:
+        TypeError: a size is not an int, ``dropout`` is not a float, or a flag
+            is not a bool.
+        ValueError: a size is not positive; ``d_out`` is not divisible by
+            ``num_heads``; ``num_heads`` is not divisible by ``num_kv_groups``;
+            ``dropout`` is outside ``[0, 1)``; with ``rope=True``, ``head_dim``
+            is odd or ``rope_base`` is not finite and positive.
+
+    Source: Ainslie et al. (2023), "GQA: Training Generalized Multi-Query
+    Transformer Models from Multi-Head Checkpoints", section 2.2; Shazeer (2019),
+    "Fast Transformer Decoding: One Write-Head is All You Need" (multi-query);
+    Su et al. (2021), RoFormer, eq. (34) (RoPE).
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        context_length: int,
+        dropout: float,
+        num_heads: int,
+        num_kv_groups: int,
+        qkv_bias: bool = False,
+        *,
+        out_bias: bool = True,
+        rope: bool = False,
+        rope_base: float = 10000.0,
+    ) -> None:
+        _check_positive_int("d_in", d_in)
+        _check_positive_int("d_out", d_out)
+        _check_positive_int("context_length", context_length)
+        _check_dropout(dropout)
+        _check_positive_int("num_heads", num_heads)
+        _check_positive_int("num_kv_groups", num_kv_groups)
+        _check_bool("qkv_bias", qkv_bias)
+        _check_bool("out_bias", out_bias)
+        _check_bool("rope", rope)
+        if d_out % num_heads != 0:
+            raise ValueError(f"d_out={d_out} is not divisible by num_heads={num_heads}")
+        if num_heads % num_kv_groups != 0:
+            raise ValueError(
+                f"num_heads={num_heads} is not divisible by num_kv_groups={num_kv_groups}: "
+                "each key/value head must serve the same number of query heads"
+            )
+        super().__init__()
+        self.d_in = int(d_in)
+        self.d_out = int(d_out)
+        self.context_length = int(context_length)
+        self.num_heads = int(num_heads)
+        self.num_kv_groups = int(num_kv_groups)
+        self.head_dim = self.d_out // self.num_heads
+        self.group_size = self.num_heads // self.num_kv_groups
+        self.dropout_p = float(dropout)
+        kv_dim = self.num_kv_groups * self.head_dim
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, kv_dim, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, kv_dim, bias=qkv_bias)
+        self.out_proj = nn.Linear(d_out, d_out, bias=out_bias)
+        self.rope = (
+            RotaryPositionalEmbedding(self.head_dim, self.context_length, rope_base)
+            if rope
+            else None
+        )
+        _register_causal_mask(self, self.context_length)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        return_weights: bool = False,
+        *,
+        kv_cache: KVCache | None = None,
+    ):
+        """Causal grouped-query self-attention of ``x``.
+
+        Args:
+            x: input embeddings, ``(batch, num_tokens, d_in)``, with
+                ``num_tokens <= context_length``. With ``kv_cache``, only the
+                new tokens.
+            return_weights: take the readable path and also return the
+                per-query-head attention weights. Default ``False``.
+            kv_cache: keyword-only; an :class:`attnlib.KVCache`, used as in
+                :meth:`attnlib.MultiHeadAttention.forward`; it stores
+                ``num_kv_groups`` key/value heads (rotated keys with RoPE).
+
+        Returns:
+            ``context_vec``: ``(batch, num_tokens, d_out)``. With
+            ``return_weights=True``, the pair ``(context_vec, attn_weights)``,
+            ``attn_weights`` being ``(batch, num_heads, num_tokens,
+            num_cached + num_tokens)``, after dropout.
+
+        Raises:
+            TypeError: ``x`` is not a floating-point tensor or its dtype differs
+                from the module's parameters, ``return_weights`` is not a bool,
+                or ``kv_cache`` is not a :class:`KVCache`.
+            ValueError: ``x`` is not 3-D, ``x.shape[-1] != d_in``, ``x`` has no
+                tokens, ``num_tokens > context_length``, the cached and new
+                tokens together exceed ``context_length``, the cache holds
+                another batch size or layout, or ``x`` is on another device.
+        """
+        _check_input(x, self.d_in, (3,), self.context_length, like=self.W_query.weight)
+        _check_bool("return_weights", return_weights)
+        b, num_tokens, _ = x.shape
+        num_heads, num_kv_groups, head_dim = self.num_heads, self.num_kv_groups, self.head_dim
+        num_cached = _num_cached(kv_cache, num_tokens, self.context_length)
+        if kv_cache is not None:
+            kv_cache.check_next(b, num_kv_groups, head_dim, head_dim, x.dtype, x.device)
+
+        if return_weights:  # readable: one projection per matrix
+            queries, keys, values = self.W_query(x), self.W_key(x), self.W_value(x)
+        else:  # fast: one GEMM with the stacked (d_out + 2 * kv_dim, d_in) weight
+            queries, keys, values = _fused_qkv_projection(
+                x, self.W_query, self.W_key, self.W_value
+            )  # (b, num_tokens, d_out), (b, num_tokens, kv_dim), (b, num_tokens, kv_dim)
+        queries = queries.view(b, num_tokens, num_heads, head_dim).transpose(1, 2)
+        # queries: (b, num_heads, num_tokens, head_dim)
+        keys = keys.view(b, num_tokens, num_kv_groups, head_dim).transpose(1, 2)
+        # keys: (b, num_kv_groups, num_tokens, head_dim)
+        values = values.view(b, num_tokens, num_kv_groups, head_dim).transpose(1, 2)
+        # values: (b, num_kv_groups, num_tokens, head_dim)
+        if self.rope is not None:  # rotate by position num_cached + t (values are not rotated)
+            queries = self.rope(queries, offset=num_cached)
+            keys = self.rope(keys, offset=num_cached)
+        if kv_cache is not None:
+            keys, values = kv_cache.update(keys, values)
+            # keys, values: (b, num_kv_groups, num_cached + num_tokens, head_dim)
+
+        dropout_p = self.dropout_p if self.training else 0.0
+        out = _causal_attention(
+            queries, keys, values, self.mask, num_cached, dropout_p, return_weights
+        )  # context_vec (b, num_heads, num_tokens, head_dim) [, attn_weights]
+        context_vec, attn_weights = out if return_weights else (out, None)
+        context_vec = context_vec.transpose(1, 2).reshape(b, num_tokens, self.d_out)
+        # context_vec: (b, num_tokens, d_out)
+        context_vec = self.out_proj(context_vec)  # (b, num_tokens, d_out)
+        if return_weights:
+            return context_vec, attn_weights
+        return context_vec
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_in={self.d_in}, d_out={self.d_out}, context_length={self.context_length}, "
+            f"num_heads={self.num_heads}, num_kv_groups={self.num_kv_groups}, "
+            f"dropout_p={self.dropout_p}"
+        )

@@ -1,0 +1,173 @@
+"""A key-value cache: what an attention layer keeps between decoding steps.
+
+When a causal language model generates text it runs one new token at a time.
+The keys and values of the earlier tokens do not change (causal attention never
+lets an earlier token see a later one), so recomputing them at every step is
+wasted work. A :class:`KVCache` stores them: at each step the attention layer
+projects only the new tokens, appends their keys and values to the cache, and
+attends the new queries to everything cached.
+
+Pass one cache per attention layer to its ``forward(x, kv_cache=cache)``
+(:class:`attnlib.MultiHeadAttention`, :class:`attnlib.GroupedQueryAttention`);
+``x`` then holds only the new tokens.
+
+Shape legend:
+
+* ``batch``: sequences decoded together.
+* ``num_kv_heads``: key/value heads (``num_heads`` for multi-head attention,
+  ``num_kv_groups`` for grouped-query attention).
+* ``num_tokens``: tokens cached so far; ``num_new``: tokens being added.
+* ``head_dim``: size of one head's key (and value) vectors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._validation import type_name
+
+__all__ = ["KVCache"]
+
+
+class KVCache:
+    """Keys and values of one attention layer for the tokens seen so far.
+
+    The cache starts empty; :meth:`update` appends the keys and values of new
+    tokens (the tensors are concatenated on the token dimension, so the cache
+    grows in place, one step at a time) and returns everything cached.
+    The module that owns the cache decides what goes in: attnlib's layers store
+    keys after RoPE (if any), values as projected.
+
+    Decoding is normally done under :func:`torch.no_grad`; with gradients
+    enabled the cache keeps the autograd graph of every stored key and value.
+
+    Attributes:
+        keys: ``(batch, num_kv_heads, num_tokens, head_dim)``, or None while empty.
+        values: ``(batch, num_kv_heads, num_tokens, head_dim_v)``, or None while empty.
+
+    Example::
+
+        cache = attnlib.KVCache()
+        out_prompt = mha(prompt, kv_cache=cache)     # (1, len(prompt), d_out)
+        out_next = mha(next_token, kv_cache=cache)   # (1, 1, d_out)
+        len(cache)                                   # len(prompt) + 1
+
+    Source: the incremental decoding of Transformer decoders (e.g. Shazeer
+    2019, "Fast Transformer Decoding: One Write-Head is All You Need",
+    section 2.4), as in Hugging Face's ``DynamicCache``.
+    """
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens cached so far (0 while empty)."""
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    def __len__(self) -> int:
+        return self.num_tokens
+
+    def check_next(
+        self,
+        batch: int,
+        num_kv_heads: int,
+        head_dim: int,
+        head_dim_v: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        """Raise before any computation if new keys of this layout cannot be appended.
+
+        Raises:
+            ValueError: the batch size, number of key/value heads, head size or
+                device differs from what the cache holds (a cache belongs to one
+                layer and one batch of sequences: use a new one, or
+                :meth:`reset`).
+            TypeError: the dtype differs from the cached tensors'.
+        """
+        if self.keys is None:
+            return
+        held = (self.keys.shape[0], self.keys.shape[1], self.keys.shape[-1],
+                self.values.shape[-1])
+        new = (batch, num_kv_heads, head_dim, head_dim_v)
+        if held != new:
+            raise ValueError(
+                "this KV cache holds keys and values for (batch, num_kv_heads, head_dim, "
+                f"head_dim_v)={held}, but the new ones are {new}: use one cache per layer "
+                "and batch (KVCache() or cache.reset())"
+            )
+        if dtype != self.keys.dtype:
+            raise TypeError(f"the KV cache holds {self.keys.dtype} tensors, got {dtype}")
+        if device != self.keys.device:
+            raise ValueError(f"the KV cache is on {self.keys.device}, got tensors on {device}")
+
+    def update(
+        self, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the new tokens' keys and values; return all cached ones.
+
+        Args:
+            keys: ``(batch, num_kv_heads, num_new, head_dim)``.
+            values: ``(batch, num_kv_heads, num_new, head_dim_v)``.
+
+        Returns:
+            ``(keys, values)`` of every cached token, old ones first:
+            ``(batch, num_kv_heads, num_tokens + num_new, head_dim)`` and
+            ``(..., head_dim_v)``.
+
+        Raises:
+            TypeError: ``keys`` or ``values`` is not a floating-point tensor, or
+                their dtypes differ (from each other or from the cache's).
+            ValueError: they are not 4-D, disagree on
+                ``(batch, num_kv_heads, num_new)``, or do not fit what the cache
+                holds (see :meth:`check_next`).
+        """
+        for name, t in (("keys", keys), ("values", values)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type_name(t)}")
+            if not t.is_floating_point():
+                raise TypeError(f"{name} must have a floating-point dtype, got {t.dtype}")
+            if t.ndim != 4:
+                raise ValueError(
+                    f"{name} must be (batch, num_kv_heads, num_new, head_dim), "
+                    f"got {t.ndim}-D shape {tuple(t.shape)}"
+                )
+        if keys.shape[:-1] != values.shape[:-1]:
+            raise ValueError(
+                "keys and values must agree on (batch, num_kv_heads, num_new), got "
+                f"{tuple(keys.shape)} and {tuple(values.shape)}"
+            )
+        if keys.dtype != values.dtype:
+            raise TypeError(f"keys and values must share a dtype, got {keys.dtype} and "
+                            f"{values.dtype}")
+        b, h, _, d = keys.shape
+        self.check_next(b, h, d, values.shape[-1], keys.dtype, keys.device)
+        if self.keys is None:
+            self.keys, self.values = keys, values
+        else:
+            self.keys = torch.cat([self.keys, keys], dim=-2)  # (b, h, num_tokens + num_new, d)
+            self.values = torch.cat([self.values, values], dim=-2)
+        return self.keys, self.values
+
+    def reset(self) -> None:
+        """Empty the cache (to start a new sequence)."""
+        self.keys = None
+        self.values = None
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the cached keys and values:
+        ``batch * num_kv_heads * num_tokens * (head_dim + head_dim_v) * itemsize``."""
+        if self.keys is None:
+            return 0
+        return self.keys.nbytes + self.values.nbytes
+
+    def __repr__(self) -> str:
+        if self.keys is None:
+            return "KVCache(empty)"
+        b, h, n, d = self.keys.shape
+        return (
+            f"KVCache(batch={b}, num_kv_heads={h}, num_tokens={n}, head_dim={d}, "
+            f"dtype={self.keys.dtype}, memory_bytes={self.memory_bytes()})"
+        )

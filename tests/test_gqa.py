@@ -1,0 +1,209 @@
+"""Tests for attnlib.GroupedQueryAttention: against a repeat_interleave reference,
+torch's enable_gqa, MultiHeadAttention, with a KV cache and with RoPE."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.testing import assert_close
+
+import attnlib
+from attnlib import GroupedQueryAttention, KVCache, MultiHeadAttention
+from attnlib.functional import causal_mask
+from attnlib.positional import RotaryPositionalEmbedding
+
+HAS_ENABLE_GQA = torch.torch_version.TorchVersion(torch.__version__) >= "2.5"
+
+
+def _gqa(seed=0, d_in=10, d_out=12, context_length=16, num_heads=6, num_kv_groups=2, **kw):
+    torch.manual_seed(seed)
+    module = GroupedQueryAttention(d_in, d_out, context_length, 0.0, num_heads, num_kv_groups,
+                                   **kw)
+    return module.double().eval()
+
+
+def _reference(m: GroupedQueryAttention, x: torch.Tensor) -> torch.Tensor:
+    """GQA written out independently: per query head h, its key/value head is h // r."""
+    b, n, _ = x.shape
+    q = x @ m.W_query.weight.T
+    k = x @ m.W_key.weight.T
+    v = x @ m.W_value.weight.T
+    if m.W_query.bias is not None:
+        q, k, v = q + m.W_query.bias, k + m.W_key.bias, v + m.W_value.bias
+    hd, r = m.head_dim, m.group_size
+    heads = []
+    for h in range(m.num_heads):
+        qh = q[..., h * hd : (h + 1) * hd]
+        j = h // r  # key/value head j serves query heads j*r ... j*r + r - 1
+        kh, vh = k[..., j * hd : (j + 1) * hd], v[..., j * hd : (j + 1) * hd]
+        if m.rope is not None:
+            qh, kh = m.rope(qh), m.rope(kh)
+        scores = qh @ kh.transpose(-2, -1) / math.sqrt(hd)
+        scores = scores.masked_fill(~causal_mask(n), float("-inf"))
+        heads.append(torch.softmax(scores, dim=-1) @ vh)
+    return m.out_proj(torch.cat(heads, dim=-1))
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_groups"), [(6, 6), (6, 3), (6, 2), (6, 1)])
+@pytest.mark.parametrize("return_weights", [False, True])
+@pytest.mark.parametrize("qkv_bias", [False, True])
+def test_matches_the_per_head_reference(num_heads, num_kv_groups, return_weights, qkv_bias):
+    m = _gqa(num_heads=num_heads, num_kv_groups=num_kv_groups, qkv_bias=qkv_bias)
+    x = torch.randn(3, 9, 10, dtype=torch.float64)
+    out = m(x, return_weights=return_weights)
+    if return_weights:
+        out, w = out
+        assert w.shape == (3, num_heads, 9, 9)
+        assert_close(w.sum(-1), torch.ones(3, num_heads, 9, dtype=torch.float64))
+    assert_close(out, _reference(m, x), atol=1e-12, rtol=1e-10)
+
+
+def test_a_tiled_repeat_would_not_match():
+    # repeat (tiling: head h uses kv head h % g) is the classic mistake; check it differs
+    m = _gqa(num_heads=6, num_kv_groups=2)
+    x = torch.randn(2, 7, 10, dtype=torch.float64)
+    q = m.W_query(x).view(2, 7, 6, 2).transpose(1, 2)
+    k = m.W_key(x).view(2, 7, 2, 2).transpose(1, 2).repeat(1, 3, 1, 1)
+    v = m.W_value(x).view(2, 7, 2, 2).transpose(1, 2).repeat(1, 3, 1, 1)
+    tiled = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    tiled = m.out_proj(tiled.transpose(1, 2).reshape(2, 7, 12))
+    assert not torch.allclose(tiled, m(x), atol=1e-6)
+
+
+@pytest.mark.skipif(not HAS_ENABLE_GQA, reason="enable_gqa needs torch >= 2.5")
+def test_matches_torch_enable_gqa():
+    m = _gqa(seed=1, num_heads=8, num_kv_groups=2, d_out=16)
+    x = torch.randn(2, 11, 10, dtype=torch.float64)
+    q = m.W_query(x).view(2, 11, 8, 2).transpose(1, 2)
+    k = m.W_key(x).view(2, 11, 2, 2).transpose(1, 2)
+    v = m.W_value(x).view(2, 11, 2, 2).transpose(1, 2)
+    ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    expected = m.out_proj(ctx.transpose(1, 2).reshape(2, 11, 16))
+    assert_close(m(x), expected, atol=1e-12, rtol=1e-10)
+    assert_close(m(x, return_weights=True)[0], expected, atol=1e-12, rtol=1e-10)
+
+
+def test_fast_and_readable_paths_give_the_same_gradients():
+    m = _gqa(seed=2, qkv_bias=True, rope=True)
+    x = torch.randn(2, 8, 10, dtype=torch.float64)
+    g = torch.randn(2, 8, 12, dtype=torch.float64)
+    params = list(m.parameters())
+    fast = torch.autograd.grad(m(x), params, g)
+    readable = torch.autograd.grad(m(x, return_weights=True)[0], params, g)
+    for a, b in zip(fast, readable, strict=True):
+        assert a.abs().sum() > 0
+        assert_close(a, b, atol=1e-12, rtol=1e-10)
+
+
+def test_num_kv_groups_equal_num_heads_is_multi_head_attention():
+    gqa = _gqa(seed=3, num_heads=3, num_kv_groups=3)
+    torch.manual_seed(3)
+    mha = MultiHeadAttention(10, 12, 16, 0.0, num_heads=3).double().eval()
+    # same parameter shapes and creation order, so the same seed gives the same weights
+    for a, b in zip(gqa.parameters(), mha.parameters(), strict=True):
+        assert torch.equal(a, b)
+    x = torch.randn(2, 9, 10, dtype=torch.float64)
+    assert_close(gqa(x), mha(x), atol=1e-12, rtol=1e-10)
+
+
+def test_shapes_and_parameter_counts():
+    m = _gqa(num_heads=6, num_kv_groups=2)  # head_dim 2, kv_dim 4
+    assert m.W_query.weight.shape == (12, 10)
+    assert m.W_key.weight.shape == m.W_value.weight.shape == (4, 10)
+    assert [n for n, _ in m.named_parameters()] == [
+        "W_query.weight", "W_key.weight", "W_value.weight", "out_proj.weight", "out_proj.bias"
+    ]
+    assert m.group_size == 3 and m.head_dim == 2
+
+
+def test_causality():
+    m = _gqa(seed=4, rope=True)
+    x = torch.randn(2, 10, 10, dtype=torch.float64)
+    x2 = x.clone()
+    x2[:, 6] += 1.0
+    out, out2 = m(x), m(x2)
+    assert_close(out[:, :6], out2[:, :6], atol=1e-12, rtol=0)
+    assert not torch.allclose(out[:, 6:], out2[:, 6:])
+
+
+# ---------------------------------------------------------------- cache and RoPE
+
+
+@pytest.mark.parametrize("rope", [False, True])
+@pytest.mark.parametrize("sizes", [[12], [1] * 12, [5, 7], [2, 1, 4, 5]])
+def test_chunked_decoding_with_a_cache_equals_the_full_forward(rope, sizes):
+    m = _gqa(seed=5, rope=rope, num_heads=4, num_kv_groups=2, d_out=16)
+    x = torch.randn(2, 12, 10, dtype=torch.float64)
+    full = m(x)
+    cache, outs, start = KVCache(), [], 0
+    for size in sizes:
+        outs.append(m(x[:, start : start + size], kv_cache=cache))
+        start += size
+    assert_close(torch.cat(outs, dim=1), full, atol=1e-12, rtol=1e-10)
+    assert cache.keys.shape == (2, 2, 12, 4)  # num_kv_groups heads are cached, not num_heads
+
+
+def test_rope_makes_scores_depend_on_relative_position_only():
+    # the scores inside the layer are the same whether the sequence starts at
+    # position 0 or at position 5: only offsets between tokens matter
+    m = _gqa(seed=6, rope=True, num_heads=2, num_kv_groups=1, d_out=8)
+    x = torch.randn(1, 6, 10, dtype=torch.float64)
+    q = m.W_query(x).view(1, 6, 2, 4).transpose(1, 2)
+    k = m.W_key(x).view(1, 6, 1, 4).transpose(1, 2)
+    s0 = m.rope(q) @ m.rope(k).transpose(-2, -1)
+    s5 = m.rope(q, offset=5) @ m.rope(k, offset=5).transpose(-2, -1)
+    assert_close(s0, s5, atol=1e-12, rtol=1e-10)
+    assert isinstance(m.rope, RotaryPositionalEmbedding) and m.rope.head_dim == 4
+    assert _gqa(rope=False).rope is None
+
+
+def test_rope_changes_the_output_and_base_is_passed_on():
+    x = torch.randn(1, 8, 10, dtype=torch.float64)
+    plain, roped = _gqa(seed=7), _gqa(seed=7, rope=True, rope_base=50.0)
+    assert roped.rope.base == 50.0
+    assert not torch.allclose(plain(x), roped(x))
+
+
+def test_cache_errors():
+    m = _gqa(context_length=5)
+    cache = KVCache()
+    m(torch.randn(1, 3, 10, dtype=torch.float64), kv_cache=cache)
+    with pytest.raises(ValueError, match=r"holds 3 tokens and x adds num_tokens=3: 6 tokens "
+                                         r"exceed context_length=5"):
+        m(torch.randn(1, 3, 10, dtype=torch.float64), kv_cache=cache)
+
+
+# ---------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "match"),
+    [
+        ((10, 12, 8, 0.0, 6, 4), {}, ValueError,
+         r"num_heads=6 is not divisible by num_kv_groups=4"),
+        ((10, 12, 8, 0.0, 5, 5), {}, ValueError, r"d_out=12 is not divisible by num_heads=5"),
+        ((10, 12, 8, 0.0, 6, 0), {}, ValueError, r"num_kv_groups must be a positive int"),
+        ((10, 12, 8, 0.0, 6, 2.0), {}, TypeError, r"num_kv_groups must be an int"),
+        ((10, 12, 8, 1.0, 6, 2), {}, ValueError, r"dropout must be in \[0, 1\)"),
+        ((10, 12, 8, 0.0, 6, 2), {"rope": 1}, TypeError, r"rope must be a bool"),
+        ((10, 18, 8, 0.0, 6, 2), {"rope": True}, ValueError, r"head_dim=3 must be even"),
+    ],
+)
+def test_constructor_errors(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        GroupedQueryAttention(*args, **kwargs)
+
+
+def test_forward_errors():
+    m = _gqa(context_length=4)
+    with pytest.raises(ValueError, match=r"num_tokens=5 exceeds context_length=4"):
+        m(torch.randn(1, 5, 10, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"does not match d_in=10"):
+        m(torch.randn(1, 2, 9, dtype=torch.float64))
+    with pytest.raises(TypeError, match=r"x has dtype torch.float32"):
+        m(torch.randn(1, 2, 10))
+
+
+def test_exported():
+    assert attnlib.GroupedQueryAttention is GroupedQueryAttention
