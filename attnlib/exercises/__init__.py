@@ -20,6 +20,7 @@ re-exported here.
 """
 
 from ._common import CheckFailed
+from .llm import check_kv_cache_mask, check_repeat_kv, check_rope
 from .basics import (
     check_qkv_projection,
     check_scaled_dot_product_attention,
@@ -32,6 +33,9 @@ from .scaling import check_query_jacobian, check_scaled_scores
 
 __all__ = [
     "CheckFailed",
+    "check_kv_cache_mask",
+    "check_repeat_kv",
+    "check_rope",
     "check_causal_attention",
     "check_causal_mask",
     "check_merge_heads",
