@@ -20,27 +20,27 @@ re-exported here.
 """
 
 from ._common import CheckFailed
-from .llm import check_kv_cache_mask, check_repeat_kv, check_rope
 from .basics import (
     check_qkv_projection,
     check_scaled_dot_product_attention,
     check_simplified_attention,
     check_softmax,
 )
+from .llm import check_kv_cache_mask, check_repeat_kv, check_rope
 from .masks import check_causal_attention, check_causal_mask
 from .multihead import check_merge_heads, check_multi_head_attention
 from .scaling import check_query_jacobian, check_scaled_scores
 
 __all__ = [
     "CheckFailed",
-    "check_kv_cache_mask",
-    "check_repeat_kv",
-    "check_rope",
     "check_causal_attention",
     "check_causal_mask",
+    "check_kv_cache_mask",
     "check_merge_heads",
     "check_multi_head_attention",
     "check_qkv_projection",
+    "check_repeat_kv",
+    "check_rope",
     "check_query_jacobian",
     "check_scaled_dot_product_attention",
     "check_scaled_scores",
