@@ -1,0 +1,313 @@
+"""A tiny decoder-only transformer built from the course's own parts.
+
+Chapter 10 trains it on the CPU in seconds and watches its attention weights
+take shape. Every piece is one the course has built: token embeddings, a
+positional encoding from :mod:`attnlib.positional`, and blocks of causal
+:class:`attnlib.MultiHeadAttention`, each added to the *residual stream*:
+
+.. code-block:: text
+
+    x = tok_emb(idx) + position                      # the residual stream
+    for each block:
+        x = x + attn(LayerNorm(x))                    # pre-LayerNorm attention
+        x = x + mlp(LayerNorm(x))                     # only if d_ff is given
+    logits = out_head(LayerNorm(x))                   # unembedding
+
+Without the MLP (``d_ff=None``, the default) the model is *attention-only*: all
+it can do is move information between positions, which is what chapter 10
+wants to watch.
+
+Shape legend used in every docstring here:
+
+* ``batch``: sequences processed together.
+* ``num_tokens``: tokens in each sequence, at most ``context_length``.
+* ``vocab_size``: number of distinct token ids, ``0 .. vocab_size - 1``.
+* ``d_model``: size of the residual stream (every token's vector).
+* ``num_heads``: attention heads per block; ``head_dim = d_model // num_heads``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ._validation import check_bool, check_dropout, check_positive_int, type_name
+from .attention import MultiHeadAttention
+from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+
+__all__ = ["POSITIONAL_CHOICES", "TransformerBlock", "TinyTransformer"]
+
+#: The values :class:`TinyTransformer` accepts for ``positional``.
+POSITIONAL_CHOICES = ("learned", "sinusoidal")
+
+
+class TransformerBlock(nn.Module):
+    """One pre-LayerNorm block: causal multi-head attention, then an optional MLP.
+
+    ``forward(x)`` returns ``x + attn(norm_1(x))``, then, when the block has an
+    MLP, adds ``mlp(norm_2(...))`` the same way. Each sub-layer reads a
+    normalised copy of the residual stream and *adds* its output to it, so a
+    block that has learned nothing yet passes its input on almost unchanged.
+
+    Args:
+        d_model: size of the residual stream (the attention's ``d_in`` and
+            ``d_out``).
+        context_length: the most tokens a sequence may have.
+        num_heads: attention heads; must divide ``d_model``.
+        d_ff: keyword-only; hidden size of the MLP ``Linear(d_model, d_ff) ->
+            GELU -> Linear(d_ff, d_model)``. Default None: no MLP (an
+            attention-only block).
+        dropout: keyword-only; dropout on the attention weights, in ``[0, 1)``.
+            Default 0.0.
+
+    Attributes:
+        norm_1: ``nn.LayerNorm(d_model)`` before the attention.
+        attn: the :class:`attnlib.MultiHeadAttention` (causal).
+        norm_2, mlp: ``nn.LayerNorm(d_model)`` and the MLP, or None for both.
+
+    Shape:
+        - Input ``x``: ``(batch, num_tokens, d_model)``, float.
+        - Output: the same shape.
+
+    Raises:
+        TypeError: a size is not an int or ``dropout`` is not a float.
+        ValueError: a size is not positive, ``d_model`` is not divisible by
+            ``num_heads``, or ``dropout`` is outside ``[0, 1)``.
+
+    Source: Vaswani et al. (2017), "Attention Is All You Need", section 3.1
+    (residual connections around each sub-layer); Xiong et al. (2020), "On
+    Layer Normalization in the Transformer Architecture", section 3 (the
+    pre-LN placement used by GPT-2 and here).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        context_length: int,
+        num_heads: int,
+        *,
+        d_ff: int | None = None,
+        dropout: float = 0.0,
+    ) -> None:
+        check_positive_int("d_model", d_model)
+        check_positive_int("context_length", context_length)
+        check_positive_int("num_heads", num_heads)
+        if d_ff is not None:
+            check_positive_int("d_ff", d_ff)
+        check_dropout(dropout)
+        if d_model % num_heads != 0:
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+        super().__init__()
+        self.d_model = d_model
+        self.d_ff = d_ff
+        self.norm_1 = nn.LayerNorm(d_model)
+        self.attn = MultiHeadAttention(d_model, d_model, context_length, dropout, num_heads)
+        if d_ff is None:
+            self.norm_2 = None
+            self.mlp = None
+        else:
+            self.norm_2 = nn.LayerNorm(d_model)
+            self.mlp = nn.Sequential(
+                nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model)
+            )
+
+    def forward(self, x: torch.Tensor, return_weights: bool = False):
+        """Run the block on the residual stream ``x``.
+
+        Args:
+            x: ``(batch, num_tokens, d_model)``.
+            return_weights: also return the attention weights, computed on
+                :class:`attnlib.MultiHeadAttention`'s readable path. Default
+                ``False``.
+
+        Returns:
+            ``(batch, num_tokens, d_model)``; with ``return_weights=True``, the
+            pair ``(x, attn_weights)`` with ``attn_weights`` of shape
+            ``(batch, num_heads, num_tokens, num_tokens)``: the weights the
+            attention applied.
+
+        Raises:
+            TypeError, ValueError: as :meth:`attnlib.MultiHeadAttention.forward`
+                for a wrong ``x`` or ``return_weights``.
+        """
+        check_bool("return_weights", return_weights)
+        if return_weights:
+            attn_out, attn_weights = self.attn(self.norm_1(x), return_weights=True)
+        else:
+            attn_out = self.attn(self.norm_1(x))
+        x = x + attn_out  # (batch, num_tokens, d_model)
+        if self.mlp is not None:
+            x = x + self.mlp(self.norm_2(x))  # (batch, num_tokens, d_model)
+        if return_weights:
+            return x, attn_weights
+        return x
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, d_ff={self.d_ff}"
+
+
+class TinyTransformer(nn.Module):
+    """A small decoder-only (GPT-style) language model for toy tasks.
+
+    Token ids go in; for every position come out the logits of the next token.
+    The model is causal: the logits at position ``t`` depend only on tokens
+    ``0 .. t``. With ``d_ff=None`` (the default) it is attention-only.
+
+    Args:
+        vocab_size: number of token ids.
+        context_length: the most tokens a sequence may have.
+        d_model: size of the residual stream.
+        num_heads: attention heads per block; must divide ``d_model``.
+        num_layers: number of blocks.
+        d_ff: keyword-only; the MLP's hidden size in every block, or None
+            (default) for an attention-only model.
+        positional: keyword-only; ``"learned"`` (default: one trained vector
+            per position, :class:`attnlib.positional.LearnedPositionalEmbedding`)
+            or ``"sinusoidal"`` (the fixed table of
+            :class:`attnlib.positional.SinusoidalPositionalEncoding`), added to
+            the token embeddings.
+        dropout: keyword-only; dropout on the attention weights. Default 0.0.
+
+    Attributes:
+        tok_emb: ``nn.Embedding(vocab_size, d_model)``.
+        pos_emb: the positional module.
+        blocks: ``nn.ModuleList`` of ``num_layers`` :class:`TransformerBlock`.
+        final_norm: ``nn.LayerNorm(d_model)``.
+        out_head: the unembedding, ``nn.Linear(d_model, vocab_size, bias=False)``.
+
+    Raises:
+        TypeError: a size is not an int, ``d_ff`` is not an int or None,
+            ``positional`` is not a str, or ``dropout`` is not a float.
+        ValueError: a size is not positive, ``d_model`` is not divisible by
+            ``num_heads``, ``positional`` is not one of
+            :data:`POSITIONAL_CHOICES`, or ``dropout`` is outside ``[0, 1)``.
+
+    Source: Radford et al. (2019), "Language Models are Unsupervised Multitask
+    Learners", section 2.3 (GPT-2: a decoder-only transformer with layer
+    normalisation at the input of each sub-block and after the last block);
+    Elhage et al. (2021), "A Mathematical Framework for Transformer Circuits"
+    (attention-only models and the residual stream).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        context_length: int,
+        d_model: int,
+        num_heads: int,
+        num_layers: int,
+        *,
+        d_ff: int | None = None,
+        positional: str = "learned",
+        dropout: float = 0.0,
+    ) -> None:
+        check_positive_int("vocab_size", vocab_size)
+        check_positive_int("context_length", context_length)
+        check_positive_int("d_model", d_model)
+        check_positive_int("num_heads", num_heads)
+        check_positive_int("num_layers", num_layers)
+        if d_ff is not None:
+            check_positive_int("d_ff", d_ff)
+        if not isinstance(positional, str):
+            raise TypeError(f"positional must be a str, got {type_name(positional)}")
+        if positional not in POSITIONAL_CHOICES:
+            raise ValueError(
+                f"positional must be one of {POSITIONAL_CHOICES}, got positional={positional!r}"
+            )
+        check_dropout(dropout)
+        if d_model % num_heads != 0:
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.context_length = context_length
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.num_layers = num_layers
+        self.positional = positional
+        self.tok_emb = nn.Embedding(vocab_size, d_model)
+        if positional == "learned":
+            self.pos_emb = LearnedPositionalEmbedding(context_length, d_model)
+        else:
+            self.pos_emb = SinusoidalPositionalEncoding(d_model, context_length)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(d_model, context_length, num_heads, d_ff=d_ff, dropout=dropout)
+            for _ in range(num_layers)
+        )
+        self.final_norm = nn.LayerNorm(d_model)
+        self.out_head = nn.Linear(d_model, vocab_size, bias=False)
+
+    def _check_idx(self, idx: object) -> None:
+        if not isinstance(idx, torch.Tensor):
+            raise TypeError(f"idx must be a torch.Tensor of token ids, got {type_name(idx)}")
+        if idx.dtype != torch.long:
+            raise TypeError(f"idx must have dtype torch.int64 (token ids), got {idx.dtype}")
+        if idx.ndim != 2:
+            raise ValueError(
+                f"idx must be (batch, num_tokens), got {idx.ndim}-D shape {tuple(idx.shape)}"
+            )
+        num_tokens = idx.shape[1]
+        if num_tokens == 0 or idx.shape[0] == 0:
+            raise ValueError(f"idx must hold at least one token, got shape {tuple(idx.shape)}")
+        if num_tokens > self.context_length:
+            raise ValueError(
+                f"num_tokens={num_tokens} exceeds context_length={self.context_length}"
+            )
+        device = self.tok_emb.weight.device
+        if idx.device != device:
+            raise ValueError(
+                f"idx is on {idx.device} but the model is on {device}: "
+                f"move one, e.g. idx.to('{device}')"
+            )
+        low, high = int(idx.min()), int(idx.max())
+        if low < 0 or high >= self.vocab_size:
+            bad = low if low < 0 else high
+            raise ValueError(
+                f"idx holds token id {bad}, outside 0 .. vocab_size - 1 = {self.vocab_size - 1}"
+            )
+
+    def forward(self, idx: torch.Tensor, return_weights: bool = False):
+        """Next-token logits for every position of ``idx``.
+
+        Args:
+            idx: token ids, int64 ``(batch, num_tokens)``, each in
+                ``0 .. vocab_size - 1``, with ``num_tokens <= context_length``.
+            return_weights: also return every layer's attention weights,
+                computed on :class:`attnlib.MultiHeadAttention`'s readable path
+                (the weights the attention applied). Default ``False``: the
+                fused fast path.
+
+        Returns:
+            ``logits``: ``(batch, num_tokens, vocab_size)``; ``logits[:, t]``
+            scores the token that follows ``idx[:, :t + 1]``. With
+            ``return_weights=True``, the pair ``(logits, attn_weights)`` where
+            ``attn_weights`` is a list with one
+            ``(batch, num_heads, num_tokens, num_tokens)`` tensor per layer.
+
+        Raises:
+            TypeError: ``idx`` is not an int64 tensor, or ``return_weights``
+                is not a bool.
+            ValueError: ``idx`` is not 2-D or is empty, has more than
+                ``context_length`` tokens, holds an id outside the vocabulary,
+                or is on another device than the model.
+        """
+        self._check_idx(idx)
+        check_bool("return_weights", return_weights)
+        x = self.pos_emb(self.tok_emb(idx))  # (batch, num_tokens, d_model)
+        all_weights = []
+        for block in self.blocks:
+            if return_weights:
+                x, attn_weights = block(x, return_weights=True)
+                all_weights.append(attn_weights)  # (batch, num_heads, num_tokens, num_tokens)
+            else:
+                x = block(x)
+        logits = self.out_head(self.final_norm(x))  # (batch, num_tokens, vocab_size)
+        if return_weights:
+            return logits, all_weights
+        return logits
+
+    def extra_repr(self) -> str:
+        return (
+            f"vocab_size={self.vocab_size}, context_length={self.context_length}, "
+            f"d_model={self.d_model}, num_heads={self.num_heads}, "
+            f"num_layers={self.num_layers}, positional={self.positional!r}"
+        )

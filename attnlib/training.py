@@ -1,0 +1,328 @@
+"""A small, seeded training loop that records what chapter 10 plots.
+
+:func:`train` fits a model such as :class:`attnlib.models.TinyTransformer` to
+a toy task from :mod:`attnlib.data` with AdamW and next-token cross-entropy.
+Every step draws a fresh batch from a generator seeded by ``seed``, so the
+accuracy on that batch, measured before the update, is an honest estimate on
+unseen data. Along the way it records the loss and accuracy of every step and,
+at the steps asked for, snapshots of every layer's attention weights on a fixed
+probe batch.
+
+Shape legend: ``batch`` sequences of ``num_tokens`` token ids; ``vocab_size``
+logits per position; ``num_heads`` heads per layer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ._validation import check_bool, check_int, check_positive_int, type_name
+from .data import IGNORE_INDEX
+
+__all__ = [
+    "TrainingHistory",
+    "accuracy",
+    "prefix_matching_score",
+    "previous_token_score",
+    "train",
+]
+
+
+def accuracy(logits: torch.Tensor, targets: torch.Tensor) -> float:
+    """Fraction of the scored positions where the most likely token is the target.
+
+    Args:
+        logits: ``(batch, num_tokens, vocab_size)``, float.
+        targets: int64 ``(batch, num_tokens)``; positions holding
+            :data:`attnlib.data.IGNORE_INDEX` are not scored.
+
+    Returns:
+        A float in ``[0, 1]``.
+
+    Raises:
+        TypeError: ``logits`` is not a floating-point tensor or ``targets`` is
+            not an int64 tensor.
+        ValueError: the shapes do not match, or no position is scored.
+
+    Source: top-1 accuracy of next-token prediction, as in the toy-task
+    evaluations of Olsson et al. (2022), "In-context Learning and Induction
+    Heads".
+    """
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+        raise TypeError(f"logits must be a floating-point torch.Tensor, got {type_name(logits)}")
+    if not isinstance(targets, torch.Tensor) or targets.dtype != torch.long:
+        raise TypeError(f"targets must be an int64 torch.Tensor, got {type_name(targets)}")
+    if logits.ndim != 3 or tuple(logits.shape[:2]) != tuple(targets.shape):
+        raise ValueError(
+            "logits must be (batch, num_tokens, vocab_size) and targets (batch, num_tokens), "
+            f"got {tuple(logits.shape)} and {tuple(targets.shape)}"
+        )
+    scored = targets != IGNORE_INDEX  # (batch, num_tokens)
+    count = int(scored.sum())
+    if count == 0:
+        raise ValueError("targets has no scored position (all are IGNORE_INDEX)")
+    correct = (logits.argmax(dim=-1) == targets) & scored  # (batch, num_tokens)
+    return int(correct.sum()) / count
+
+
+def _check_weights(attn_weights: object) -> None:
+    if not isinstance(attn_weights, torch.Tensor) or not attn_weights.is_floating_point():
+        raise TypeError(
+            f"attn_weights must be a floating-point torch.Tensor, got {type_name(attn_weights)}"
+        )
+    if attn_weights.ndim != 4 or attn_weights.shape[-1] != attn_weights.shape[-2]:
+        raise ValueError(
+            "attn_weights must be (batch, num_heads, num_tokens, num_tokens), "
+            f"got shape {tuple(attn_weights.shape)}"
+        )
+
+
+def previous_token_score(attn_weights: torch.Tensor) -> torch.Tensor:
+    """How much each head attends from every token to the token just before it.
+
+    For head ``h`` the score is the mean, over the batch and the query
+    positions ``t = 1 .. num_tokens - 1``, of ``attn_weights[b, h, t, t - 1]``:
+    1 for a perfect previous-token head, about ``1 / (t + 1)`` on average for
+    a head that spreads its weight evenly.
+
+    Args:
+        attn_weights: ``(batch, num_heads, num_tokens, num_tokens)``, rows are
+            queries; ``num_tokens >= 2``.
+
+    Returns:
+        ``(num_heads,)``, in the dtype of ``attn_weights``.
+
+    Raises:
+        TypeError: ``attn_weights`` is not a floating-point tensor.
+        ValueError: ``attn_weights`` is not 4-D with square last dimensions,
+            or has fewer than 2 tokens.
+
+    Source: the previous-token heads of Olsson et al. (2022), "In-context
+    Learning and Induction Heads", section 2 (the first half of the induction
+    circuit) and Elhage et al. (2021), "A Mathematical Framework for
+    Transformer Circuits" (two-layer attention-only models).
+    """
+    _check_weights(attn_weights)
+    if attn_weights.shape[-1] < 2:
+        raise ValueError(
+            f"previous_token_score needs num_tokens >= 2, got shape {tuple(attn_weights.shape)}"
+        )
+    below_diagonal = attn_weights.diagonal(offset=-1, dim1=-2, dim2=-1)
+    # below_diagonal: (batch, num_heads, num_tokens - 1), entry t - 1 is weight[t, t - 1]
+    return below_diagonal.mean(dim=(0, 2))  # (num_heads,)
+
+
+def prefix_matching_score(attn_weights: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+    """How much each head attends to the token that followed an earlier copy of the query's.
+
+    Let ``A(b, t)`` be the set of key positions ``s + 1`` such that ``s < t``
+    and ``inputs[b, s] == inputs[b, t]``: the tokens that came right after an
+    earlier occurrence of the current token. A query ``(b, t)`` counts when
+    ``A(b, t)`` is not empty. For head ``h`` the score is the mean over the
+    counted queries of ``sum(attn_weights[b, h, t, j] for j in A(b, t))``:
+    1 for a perfect induction head, which puts all its weight there.
+
+    Args:
+        attn_weights: ``(batch, num_heads, num_tokens, num_tokens)``, rows are
+            queries.
+        inputs: the token ids the weights were computed on, int64
+            ``(batch, num_tokens)``.
+
+    Returns:
+        ``(num_heads,)``, in the dtype of ``attn_weights``.
+
+    Raises:
+        TypeError: ``attn_weights`` is not a floating-point tensor, or
+            ``inputs`` is not an int64 tensor.
+        ValueError: the shapes do not agree, or no token of ``inputs`` occurs
+            twice (no query counts).
+
+    Source: Olsson et al. (2022), "In-context Learning and Induction Heads",
+    section 2: an induction head's "prefix matching" (attending to the token
+    that followed the current token earlier), measured on repeated random
+    tokens.
+    """
+    _check_weights(attn_weights)
+    if not isinstance(inputs, torch.Tensor) or inputs.dtype != torch.long:
+        raise TypeError(f"inputs must be an int64 torch.Tensor, got {type_name(inputs)}")
+    batch, _, num_tokens, _ = attn_weights.shape
+    if tuple(inputs.shape) != (batch, num_tokens):
+        raise ValueError(
+            f"inputs must be (batch, num_tokens) = {(batch, num_tokens)} to match "
+            f"attn_weights {tuple(attn_weights.shape)}, got {tuple(inputs.shape)}"
+        )
+    same = inputs[:, :, None] == inputs[:, None, :]  # (batch, t, s): token s equals token t
+    earlier = torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=inputs.device).tril(-1)
+    match = same & earlier  # (batch, t, s): s < t holds the current token
+    after = torch.zeros_like(match)
+    after[:, :, 1:] = match[:, :, :-1]  # (batch, t, j): j = s + 1 for such an s
+    counted = after.any(dim=-1)  # (batch, t)
+    num_counted = int(counted.sum())
+    if num_counted == 0:
+        raise ValueError("no token of inputs occurs twice, so no query has an earlier match")
+    on_target = (attn_weights * after[:, None].to(attn_weights.dtype)).sum(dim=-1)
+    # on_target: (batch, num_heads, num_tokens)
+    counted_weights = on_target * counted[:, None].to(attn_weights.dtype)
+    return counted_weights.sum(dim=(0, 2)) / num_counted  # (num_heads,)
+
+
+@dataclass
+class TrainingHistory:
+    """What :func:`train` recorded.
+
+    Attributes:
+        losses: the cross-entropy of each step's batch, before the update
+            (``num_steps`` floats).
+        accuracies: :func:`accuracy` on each step's batch, before the update.
+        snapshot_steps: the steps at which snapshots were taken (``0`` =
+            before training, ``num_steps`` = after the last update).
+        snapshots: for each snapshot step, a list with one tensor per layer
+            of attention weights on the probe batch,
+            ``(batch, num_heads, num_tokens, num_tokens)``, float32 on the CPU.
+        seconds: wall-clock time of the whole run (varies between machines).
+    """
+
+    losses: list[float] = field(default_factory=list)
+    accuracies: list[float] = field(default_factory=list)
+    snapshot_steps: list[int] = field(default_factory=list)
+    snapshots: list[list[torch.Tensor]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def snapshot_at(self, step: int) -> list[torch.Tensor]:
+        """The per-layer attention weights recorded at ``step``.
+
+        Raises:
+            ValueError: no snapshot was taken at ``step``.
+        """
+        if step not in self.snapshot_steps:
+            raise ValueError(f"no snapshot at step={step}; snapshots: {self.snapshot_steps}")
+        return self.snapshots[self.snapshot_steps.index(step)]
+
+
+def _snapshot(model: nn.Module, probe: torch.Tensor) -> list[torch.Tensor]:
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        _, weights = model(probe, return_weights=True)
+    model.train(was_training)
+    return [w.detach().float().cpu().clone() for w in weights]
+
+
+def train(
+    model: nn.Module,
+    make_batch: Callable[[torch.Generator], tuple],
+    num_steps: int,
+    *,
+    lr: float = 1e-2,
+    weight_decay: float = 0.0,
+    seed: int = 0,
+    probe: torch.Tensor | None = None,
+    snapshot_steps: Iterable[int] = (),
+    progress: bool = False,
+) -> TrainingHistory:
+    """Train ``model`` on fresh seeded batches and record losses, accuracy and attention.
+
+    Each step draws ``inputs, targets = make_batch(generator)[:2]`` from one
+    ``torch.Generator`` seeded with ``seed``, computes the next-token
+    cross-entropy ``F.cross_entropy(logits, targets)`` (positions holding
+    :data:`attnlib.data.IGNORE_INDEX` are skipped) and takes one AdamW step.
+    The model's initial weights are not touched by ``seed``: seed torch before
+    building the model. Nothing here draws from torch's global generator
+    unless the model does (dropout).
+
+    Args:
+        model: maps int64 ``(batch, num_tokens)`` token ids to logits
+            ``(batch, num_tokens, vocab_size)``, and with
+            ``return_weights=True`` also returns a list of per-layer attention
+            weights (as :class:`attnlib.models.TinyTransformer` does). Trained
+            in place and left in training mode.
+        make_batch: called with the generator; returns a tuple whose first two
+            items are ``inputs`` and ``targets``, int64 ``(batch, num_tokens)``
+            (e.g. ``lambda g: attnlib.data.reversal_batch(64, 8, 16, generator=g)``).
+        num_steps: number of optimisation steps.
+        lr: keyword-only; AdamW's learning rate. Default 1e-2 (toy models).
+        weight_decay: keyword-only; AdamW's weight decay. Default 0.0.
+        seed: keyword-only; seeds the batches. Default 0.
+        probe: keyword-only; int64 ``(batch, num_tokens)`` token ids on which
+            to record the attention weights. Required when ``snapshot_steps``
+            is not empty.
+        snapshot_steps: keyword-only; steps in ``0 .. num_steps`` at which to
+            record the weights (step ``s`` = after ``s`` updates). Default none.
+        progress: keyword-only; show a tqdm progress bar. Default ``False``,
+            so that tests and notebooks stay quiet.
+
+    Returns:
+        A :class:`TrainingHistory`.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``, ``make_batch`` is not
+            callable, ``num_steps`` or ``seed`` is not an int, ``lr`` or
+            ``weight_decay`` is not a number, ``progress`` is not a bool, or
+            ``probe`` is not an int64 tensor.
+        ValueError: ``num_steps`` is not positive, ``lr`` is not positive,
+            ``weight_decay`` is negative, a snapshot step is outside
+            ``0 .. num_steps``, or snapshots are asked for without a probe.
+
+    Source: Loshchilov and Hutter (2019), "Decoupled Weight Decay
+    Regularization" (AdamW); the next-token objective of Radford et al.
+    (2018), "Improving Language Understanding by Generative Pre-Training",
+    eq. (1).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type_name(model)}")
+    if not callable(make_batch):
+        raise TypeError(f"make_batch must be callable, got {type_name(make_batch)}")
+    check_positive_int("num_steps", num_steps)
+    for name, value in (("lr", lr), ("weight_decay", weight_decay)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name} must be a float, got {type_name(value)} {name}={value!r}")
+    if not lr > 0:
+        raise ValueError(f"lr must be positive, got lr={lr}")
+    if weight_decay < 0:
+        raise ValueError(f"weight_decay must be >= 0, got weight_decay={weight_decay}")
+    check_int("seed", seed)
+    check_bool("progress", progress)
+    steps = sorted({check_int("snapshot step", s) for s in snapshot_steps})
+    if steps and not (0 <= steps[0] and steps[-1] <= num_steps):
+        raise ValueError(f"snapshot_steps must lie in 0 .. num_steps={num_steps}, got {steps}")
+    if steps and probe is None:
+        raise ValueError("snapshot_steps were given but no probe batch to record them on")
+    if probe is not None and (not isinstance(probe, torch.Tensor) or probe.dtype != torch.long):
+        raise TypeError(f"probe must be an int64 torch.Tensor of token ids, got {type_name(probe)}")
+
+    from tqdm.auto import tqdm  # imported here: only train() needs it
+
+    generator = torch.Generator().manual_seed(int(seed))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    history = TrainingHistory()
+    wanted = set(steps)
+    model.train()
+    start = time.perf_counter()
+    if 0 in wanted:
+        history.snapshot_steps.append(0)
+        history.snapshots.append(_snapshot(model, probe))
+    bar = tqdm(range(1, num_steps + 1), disable=not progress, desc="training", leave=False)
+    for step in bar:
+        inputs, targets = make_batch(generator)[:2]
+        logits = model(inputs)  # (batch, num_tokens, vocab_size)
+        loss = F.cross_entropy(
+            logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX
+        )  # logits flattened to (batch * num_tokens, vocab_size)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        history.losses.append(float(loss.detach()))
+        history.accuracies.append(accuracy(logits.detach(), targets))
+        if progress and step % 10 == 0:
+            bar.set_postfix(loss=f"{history.losses[-1]:.3f}", acc=f"{history.accuracies[-1]:.2f}")
+        if step in wanted:
+            history.snapshot_steps.append(step)
+            history.snapshots.append(_snapshot(model, probe))
+    history.seconds = time.perf_counter() - start
+    return history

@@ -1,0 +1,183 @@
+"""Tests for attnlib.models: the tiny decoder-only transformer of chapter 10."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import attnlib
+from attnlib.models import TinyTransformer, TransformerBlock
+
+SMALL = settings(max_examples=20, deadline=None)
+
+
+def make_model(seed=0, **kwargs):
+    torch.manual_seed(seed)
+    args = {
+        "vocab_size": 11,
+        "context_length": 9,
+        "d_model": 12,
+        "num_heads": 3,
+        "num_layers": 2,
+    } | kwargs
+    return TinyTransformer(**args).eval()
+
+
+def tokens(batch, num_tokens, vocab_size=11, seed=1):
+    return torch.randint(0, vocab_size, (batch, num_tokens), generator=torch.Generator().manual_seed(seed))
+
+
+def test_logits_and_weights_shapes():
+    model = make_model()
+    idx = tokens(4, 7)
+    logits = model(idx)
+    assert logits.shape == (4, 7, 11)
+    logits_w, weights = model(idx, return_weights=True)
+    assert isinstance(weights, list) and len(weights) == 2
+    for w in weights:
+        assert w.shape == (4, 3, 7, 7)
+        torch.testing.assert_close(w.sum(-1), torch.ones(4, 3, 7))
+        assert (w.triu(1) == 0).all()  # causal: no weight on later tokens
+    # The readable path computes the same function as the fused fast path.
+    torch.testing.assert_close(logits_w, logits, rtol=1e-5, atol=1e-5)
+
+
+@SMALL
+@given(
+    batch=st.integers(1, 3),
+    num_tokens=st.integers(1, 9),
+    num_heads=st.sampled_from([1, 2, 4]),
+    num_layers=st.integers(1, 3),
+    positional=st.sampled_from(["learned", "sinusoidal"]),
+)
+def test_shapes_property(batch, num_tokens, num_heads, num_layers, positional):
+    model = make_model(d_model=8, num_heads=num_heads, num_layers=num_layers,
+                       positional=positional)
+    logits, weights = model(tokens(batch, num_tokens), return_weights=True)
+    assert logits.shape == (batch, num_tokens, 11)
+    assert [w.shape for w in weights] == [(batch, num_heads, num_tokens, num_tokens)] * num_layers
+
+
+@pytest.mark.parametrize("d_ff", [None, 24])
+@pytest.mark.parametrize("t", [0, 3, 8])
+def test_causality_changing_token_t_leaves_earlier_logits_unchanged(d_ff, t):
+    model = make_model(d_ff=d_ff)
+    idx = tokens(2, 9)
+    changed = idx.clone()
+    changed[:, t] = (changed[:, t] + 1) % 11
+    before, after = model(idx), model(changed)
+    torch.testing.assert_close(after[:, :t], before[:, :t], rtol=0, atol=1e-6)
+    assert (after[:, t] - before[:, t]).abs().max() > 1e-3  # position t itself sees it
+
+
+def recompute_from_weights(model, idx, weights):
+    """The model's forward, with each layer's attention taken from ``weights``."""
+    x = model.pos_emb(model.tok_emb(idx))
+    b, n, _ = x.shape
+    for block, attn_weights in zip(model.blocks, weights, strict=True):
+        attn = block.attn
+        values = attn.W_value(block.norm_1(x)).view(b, n, attn.num_heads, attn.head_dim)
+        values = values.transpose(1, 2)  # (b, num_heads, n, head_dim)
+        context_vec = (attn_weights @ values).transpose(1, 2).reshape(b, n, attn.d_out)
+        x = x + attn.out_proj(context_vec)
+        if block.mlp is not None:
+            x = x + block.mlp(block.norm_2(x))
+    return model.out_head(model.final_norm(x))
+
+
+@pytest.mark.parametrize("d_ff", [None, 16])
+def test_returned_weights_are_the_weights_applied(d_ff):
+    model = make_model(d_ff=d_ff, num_layers=3)
+    idx = tokens(3, 8)
+    logits, weights = model(idx, return_weights=True)
+    torch.testing.assert_close(recompute_from_weights(model, idx, weights), logits)
+    # And the check can fail: other weights (here uniform over the visible
+    # tokens) give other logits.
+    uniform = [torch.tril(torch.ones(8, 8)) / torch.arange(1, 9)[:, None]] * 3
+    uniform = [u.expand_as(w) for u, w in zip(uniform, weights, strict=True)]
+    assert (recompute_from_weights(model, idx, uniform) - logits).abs().max() > 1e-3
+
+
+def test_attention_only_and_mlp_variants():
+    attention_only = make_model()
+    with_mlp = make_model(d_ff=20)
+    assert all(block.mlp is None for block in attention_only.blocks)
+    assert all(block.mlp[0].out_features == 20 for block in with_mlp.blocks)
+    n_attn = sum(p.numel() for p in attention_only.parameters())
+    n_mlp = sum(p.numel() for p in with_mlp.parameters())
+    # Each MLP adds two linear layers (with biases) and a LayerNorm.
+    per_block = (12 * 20 + 20) + (20 * 12 + 12) + 2 * 12
+    assert n_mlp - n_attn == 2 * per_block
+
+
+def test_blocks_use_attnlib_multi_head_attention_and_parameter_count():
+    model = make_model()
+    assert all(isinstance(b.attn, attnlib.MultiHeadAttention) for b in model.blocks)
+    d, v, c = 12, 11, 9
+    per_block = 2 * d + 3 * d * d + (d * d + d)  # LayerNorm, W_q/W_k/W_v, out_proj
+    expected = v * d + c * d + 2 * per_block + 2 * d + d * v
+    assert sum(p.numel() for p in model.parameters()) == expected
+
+
+def test_sinusoidal_positions_have_no_parameters():
+    learned = make_model(positional="learned")
+    fixed = make_model(positional="sinusoidal")
+    n_learned = sum(p.numel() for p in learned.parameters())
+    n_fixed = sum(p.numel() for p in fixed.parameters())
+    assert n_learned - n_fixed == 9 * 12
+
+
+def test_position_matters():
+    # With positions, the same token at two places gives two different logits.
+    model = make_model()
+    idx = torch.full((1, 5), 3)
+    logits = model(idx)
+    assert (logits[0, 0] - logits[0, 4]).abs().max() > 1e-3
+
+
+def test_block_alone():
+    torch.manual_seed(0)
+    block = TransformerBlock(8, 6, 2, d_ff=16).eval()
+    x = torch.randn(2, 5, 8)
+    y, w = block(x, return_weights=True)
+    assert y.shape == x.shape and w.shape == (2, 2, 5, 5)
+    torch.testing.assert_close(block(x), y)
+
+
+@pytest.mark.parametrize(
+    ("idx", "error", "match"),
+    [
+        ([[1, 2]], TypeError, "idx must be a torch.Tensor"),
+        (torch.ones(1, 3), TypeError, "dtype torch.int64"),
+        (torch.ones(4, dtype=torch.long), ValueError, r"idx must be \(batch, num_tokens\)"),
+        (torch.ones(1, 0, dtype=torch.long), ValueError, "at least one token"),
+        (torch.ones(1, 10, dtype=torch.long), ValueError, "num_tokens=10 exceeds context_length=9"),
+        (torch.tensor([[1, 11]]), ValueError, "token id 11, outside 0 .. vocab_size - 1 = 10"),
+        (torch.tensor([[-1, 2]]), ValueError, "token id -1"),
+    ],
+)
+def test_forward_errors(idx, error, match):
+    with pytest.raises(error, match=match):
+        make_model()(idx)
+
+
+def test_return_weights_must_be_bool():
+    with pytest.raises(TypeError, match="return_weights must be a bool"):
+        make_model()(tokens(1, 3), return_weights=1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"d_model": 10}, ValueError, "d_model=10 is not divisible by num_heads=3"),
+        ({"num_layers": 0}, ValueError, "num_layers"),
+        ({"d_ff": 0}, ValueError, "d_ff"),
+        ({"positional": "rotary!"}, ValueError, "positional must be one of"),
+        ({"positional": 1}, TypeError, "positional must be a str"),
+        ({"dropout": 1.0}, ValueError, "dropout"),
+        ({"vocab_size": 2.5}, TypeError, "vocab_size must be an int"),
+    ],
+)
+def test_constructor_errors(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        make_model(**kwargs)

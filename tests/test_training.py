@@ -1,0 +1,251 @@
+"""Tests for attnlib.training: the seeded training loop, accuracy and the head scores."""
+
+import pytest
+import torch
+
+from attnlib import data
+from attnlib.data import IGNORE_INDEX
+from attnlib.models import TinyTransformer
+from attnlib.training import (
+    TrainingHistory,
+    accuracy,
+    prefix_matching_score,
+    previous_token_score,
+    train,
+)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matrices: one thread is as fast as two and not slowed by a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def reversal(g):
+    return data.reversal_batch(32, 8, 16, generator=g)
+
+
+def reversal_model(seed=0):
+    torch.manual_seed(seed)
+    return TinyTransformer(16, 16, 32, 1, 1)
+
+
+# ---------------------------------------------------------------- training
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_short_run_learns_reversal(seed):
+    """60 steps of one layer and one head: >= 95 % on fresh sequences.
+
+    Measured when this test was written: 99.85 % to 100 % for seeds 0 to 5,
+    against 1/15 = 6.7 % for a guess; the bound leaves a wide margin.
+    """
+    model = reversal_model(seed)
+    train(model, reversal, 60, lr=1e-2, seed=seed)
+    inputs, targets = data.reversal_batch(512, 8, 16, generator=torch.Generator().manual_seed(100))
+    model.eval()
+    with torch.no_grad():
+        assert accuracy(model(inputs), targets) >= 0.95
+
+
+def test_history_records_every_step_and_the_snapshots():
+    model = reversal_model()
+    probe = reversal(torch.Generator().manual_seed(7))[0][:3]
+    history = train(model, reversal, 12, seed=0, probe=probe, snapshot_steps=[12, 0, 5])
+    assert isinstance(history, TrainingHistory)
+    assert len(history.losses) == len(history.accuracies) == 12
+    assert all(0.0 <= a <= 1.0 for a in history.accuracies)
+    assert history.snapshot_steps == [0, 5, 12]
+    assert [len(s) for s in history.snapshots] == [1, 1, 1]
+    assert history.snapshot_at(5)[0].shape == (3, 1, 16, 16)
+    # The last snapshot is the trained model's weights on the probe.
+    model.eval()
+    with torch.no_grad():
+        _, weights = model(probe, return_weights=True)
+    torch.testing.assert_close(history.snapshot_at(12)[0], weights[0])
+    assert not torch.allclose(history.snapshot_at(0)[0], weights[0])
+    assert history.seconds > 0
+    with pytest.raises(ValueError, match="no snapshot at step=6"):
+        history.snapshot_at(6)
+
+
+def test_snapshot_zero_is_before_training():
+    model = reversal_model()
+    probe = reversal(torch.Generator().manual_seed(7))[0][:2]
+    with torch.no_grad():
+        _, before = model.eval()(probe, return_weights=True)
+    history = train(model, reversal, 3, probe=probe, snapshot_steps=[0])
+    torch.testing.assert_close(history.snapshot_at(0)[0], before[0])
+
+
+def test_first_loss_is_the_untrained_models_loss():
+    model = reversal_model()
+    inputs, targets = reversal(torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = model(inputs)
+    expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    history = train(model, reversal, 1, seed=0)
+    assert history.losses[0] == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_same_seed_same_run_other_seed_other_run():
+    a = train(reversal_model(), reversal, 15, seed=3)
+    b = train(reversal_model(), reversal, 15, seed=3)
+    c = train(reversal_model(), reversal, 15, seed=4)
+    assert a.losses == b.losses
+    assert a.losses != c.losses
+
+
+def test_training_leaves_the_global_random_state_alone():
+    model = reversal_model()
+    state = torch.get_rng_state()
+    train(model, reversal, 3, seed=0)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_quiet_by_default(capsys):
+    train(reversal_model(), reversal, 3)
+    out, err = capsys.readouterr()
+    assert out == "" and err == ""
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"model": "model"}, TypeError, "model must be a torch.nn.Module"),
+        ({"make_batch": 3}, TypeError, "make_batch must be callable"),
+        ({"num_steps": 0}, ValueError, "num_steps"),
+        ({"lr": 0.0}, ValueError, "lr must be positive"),
+        ({"lr": "fast"}, TypeError, "lr must be a float"),
+        ({"weight_decay": -0.1}, ValueError, "weight_decay must be >= 0"),
+        ({"progress": 1}, TypeError, "progress must be a bool"),
+        ({"snapshot_steps": [0]}, ValueError, "no probe batch"),
+        ({"snapshot_steps": [6], "probe": torch.zeros(1, 4, dtype=torch.long)}, ValueError,
+         r"snapshot_steps must lie in 0 \.\. num_steps=5"),
+        ({"probe": torch.zeros(1, 4)}, TypeError, "probe must be an int64"),
+    ],
+)
+def test_train_errors(kwargs, error, match):
+    args = {"model": reversal_model(), "make_batch": reversal, "num_steps": 5} | kwargs
+    model, make_batch, num_steps = args.pop("model"), args.pop("make_batch"), args.pop("num_steps")
+    with pytest.raises(error, match=match):
+        train(model, make_batch, num_steps, **args)
+
+
+# ---------------------------------------------------------------- accuracy
+
+
+def test_accuracy_counts_only_scored_positions():
+    logits = torch.zeros(1, 4, 3)
+    logits[0, 0, 2] = logits[0, 1, 1] = logits[0, 2, 0] = logits[0, 3, 0] = 1.0
+    targets = torch.tensor([[2, 0, IGNORE_INDEX, 0]])  # right, wrong, skipped, right
+    assert accuracy(logits, targets) == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize(
+    ("logits", "targets", "error", "match"),
+    [
+        (torch.zeros(1, 2, 3, dtype=torch.long), torch.zeros(1, 2, dtype=torch.long), TypeError,
+         "logits must be a floating-point"),
+        (torch.zeros(1, 2, 3), torch.zeros(1, 2), TypeError, "targets must be an int64"),
+        (torch.zeros(1, 2, 3), torch.zeros(1, 3, dtype=torch.long), ValueError, "got"),
+        (torch.zeros(1, 2, 3), torch.full((1, 2), IGNORE_INDEX), ValueError, "no scored position"),
+    ],
+)
+def test_accuracy_errors(logits, targets, error, match):
+    with pytest.raises(error, match=match):
+        accuracy(logits, targets)
+
+
+# ---------------------------------------------------------------- head scores
+
+
+def causal_uniform(batch, num_heads, n):
+    w = torch.tril(torch.ones(n, n)) / torch.arange(1, n + 1)[:, None]
+    return w.expand(batch, num_heads, n, n).clone()
+
+
+def test_previous_token_score_perfect_and_uniform_heads():
+    n = 6
+    perfect = torch.zeros(2, 1, n, n)
+    perfect[:, 0, 0, 0] = 1.0
+    perfect[:, 0, torch.arange(1, n), torch.arange(n - 1)] = 1.0
+    both = torch.cat((perfect, causal_uniform(2, 1, n)), dim=1)  # head 0 perfect, head 1 uniform
+    scores = previous_token_score(both)
+    assert scores.shape == (2,)
+    expected_uniform = sum(1 / (t + 1) for t in range(1, n)) / (n - 1)
+    torch.testing.assert_close(scores, torch.tensor([1.0, expected_uniform]))
+
+
+def test_prefix_matching_score_by_hand():
+    # Tokens a b c a b: query 3 (a) should look at 1 (b, after the first a),
+    # query 4 (b) at 2 (c, after the first b). Queries 0..2 have no earlier copy.
+    inputs = torch.tensor([[0, 1, 2, 0, 1]])
+    induction = torch.zeros(1, 1, 5, 5)
+    induction[0, 0, torch.arange(3), torch.arange(3)] = 1.0
+    induction[0, 0, 3, 1] = 1.0
+    induction[0, 0, 4, 2] = 0.5
+    induction[0, 0, 4, 4] = 0.5
+    previous = torch.zeros(1, 1, 5, 5)
+    previous[0, 0, 0, 0] = 1.0
+    previous[0, 0, torch.arange(1, 5), torch.arange(4)] = 1.0
+    scores = prefix_matching_score(torch.cat((induction, previous), dim=1), inputs)
+    torch.testing.assert_close(scores, torch.tensor([(1.0 + 0.5) / 2, 0.0]))
+
+
+def test_prefix_matching_score_sums_over_every_earlier_occurrence():
+    inputs = torch.tensor([[4, 1, 4, 2, 4]])  # query 4 has two earlier 4s: keys 1 and 3
+    weights = causal_uniform(1, 1, 5)
+    # query 2: key 1 (1/3); query 4: keys 1 and 3 (2/5)
+    expected = (1 / 3 + 2 / 5) / 2
+    assert float(prefix_matching_score(weights, inputs)[0]) == pytest.approx(expected)
+
+
+def test_induction_heads_form_in_a_two_layer_model():
+    """Untrained: both scores near their uniform baselines. After 300 steps on
+    random offsets: a previous-token head in layer 0 and an induction head in
+    layer 1. Measured when written (seed 0): previous-token 0.12 -> 0.65,
+    prefix-matching 0.05 -> 0.97; the bounds leave a wide margin."""
+    torch.manual_seed(0)
+    model = TinyTransformer(32, 24, 32, 2, 2)
+    probe = data.induction_batch(16, 16, 8, 32, generator=torch.Generator().manual_seed(1))[0]
+    history = train(
+        model,
+        lambda g: data.induction_batch(64, 16, 8, 32, generator=g),
+        300,
+        seed=0,
+        probe=probe,
+        snapshot_steps=[0, 300],
+    )
+    before, after = history.snapshot_at(0), history.snapshot_at(300)
+    assert float(previous_token_score(before[0]).max()) < 0.2
+    assert float(prefix_matching_score(before[1], probe).max()) < 0.2
+    assert float(previous_token_score(after[0]).max()) > 0.4
+    assert float(prefix_matching_score(after[1], probe).max()) > 0.8
+    assert sum(history.accuracies[-20:]) / 20 > 0.9
+
+
+@pytest.mark.parametrize(
+    ("weights", "inputs", "error", "match"),
+    [
+        ("w", torch.zeros(1, 3, dtype=torch.long), TypeError, "attn_weights must be"),
+        (torch.zeros(1, 3, 3), torch.zeros(1, 3, dtype=torch.long), ValueError,
+         r"\(batch, num_heads, num_tokens, num_tokens\)"),
+        (torch.zeros(1, 1, 3, 3), torch.zeros(1, 3), TypeError, "inputs must be an int64"),
+        (torch.zeros(1, 1, 3, 3), torch.zeros(2, 3, dtype=torch.long), ValueError, "to match"),
+        (torch.zeros(1, 1, 3, 3), torch.tensor([[0, 1, 2]]), ValueError, "occurs twice"),
+    ],
+)
+def test_prefix_matching_score_errors(weights, inputs, error, match):
+    with pytest.raises(error, match=match):
+        prefix_matching_score(weights, inputs)
+
+
+def test_previous_token_score_errors():
+    with pytest.raises(ValueError, match="num_tokens >= 2"):
+        previous_token_score(torch.ones(1, 1, 1, 1))
+    with pytest.raises(TypeError, match="floating-point"):
+        previous_token_score(torch.ones(1, 1, 2, 2, dtype=torch.long))
