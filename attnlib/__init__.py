@@ -3,8 +3,9 @@
 Functions are grouped by concept, not by chapter:
 
 * :mod:`attnlib.data` - the running example sentence and toy data sets.
-* :mod:`attnlib.functional` - softmax, weight-free attention, causal masks and
-  a readable reference of scaled dot-product attention.
+* :mod:`attnlib.functional` - softmax, weight-free attention, causal masks,
+  a readable reference of scaled dot-product attention, and its tiled form
+  ``flash_attention`` (FlashAttention in PyTorch, :mod:`attnlib.flash`).
 * :mod:`attnlib.attention` - the attention modules, from ``SelfAttention_v1``
   to ``MultiHeadAttention``.
 * :mod:`attnlib.positional` - positional encodings, rotary embeddings (RoPE).
@@ -33,6 +34,7 @@ from .device import get_device
 from .functional import (
     bottom_right_causal_mask,
     causal_mask,
+    flash_attention,
     scaled_dot_product_attention,
     simplified_attention,
     sliding_window_mask,
@@ -68,6 +70,7 @@ __all__ = [
     "device",
     "expect",
     "experiments",
+    "flash_attention",
     "functional",
     "get_device",
     "journey_embeddings",

@@ -24,6 +24,7 @@ import torch
 from ._validation import check_bool, check_int, type_name
 from ._validation import check_dim as _check_dim
 from ._validation import check_float_tensor as _check_float_tensor
+from .flash import flash_attention  # the tiled FlashAttention forward (chapter 8)
 
 __all__ = [
     "softmax_naive",
@@ -33,6 +34,7 @@ __all__ = [
     "bottom_right_causal_mask",
     "sliding_window_mask",
     "scaled_dot_product_attention",
+    "flash_attention",
 ]
 
 

@@ -1,0 +1,269 @@
+"""Tiled attention that never stores the ``(num_tokens_q, num_tokens_kv)`` matrix.
+
+The forward pass of FlashAttention (Dao et al. 2022, Algorithm 1) in readable
+PyTorch, with the loop order of FlashAttention-2 (Dao 2023): an outer loop over
+blocks of queries and an inner loop over blocks of keys and values. Each query
+row keeps three running quantities while the key blocks stream past:
+
+* ``row_max``: the largest score seen so far (the online softmax's maximum);
+* ``row_sum``: the sum of ``exp(score - row_max)`` so far;
+* ``acc``: the sum of ``exp(score - row_max) * value`` so far.
+
+When a new block raises the maximum, the old sum and the old accumulator are
+rescaled by ``exp(old_max - new_max)``; at the end ``acc / row_sum`` is the
+softmax-weighted average of the values. This is the online softmax of Milakov
+and Gimelshein (2018) carried over to the weighted sum.
+
+:func:`flash_attention` is the function to call (also as
+``attnlib.functional.flash_attention``). Its backward pass recomputes each
+block's weights from the saved log-sum-exp instead of storing them (Dao et al.
+2022, Algorithm 4; Dao 2023, Algorithm 2), so a training step too needs memory
+linear in the number of tokens. :func:`flash_attention_forward` is the bare
+loop; autograd can differentiate it, but then keeps every block's tensors, which
+adds up to the full matrix again.
+
+Shapes: ``...`` is any number of leading (batch, head) dimensions, equal for
+query, key and value; ``d_k`` is the query/key size, ``d_v`` the value size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._validation import check_positive_int
+
+__all__ = ["DEFAULT_BLOCK_SIZE", "flash_attention", "flash_attention_forward"]
+
+DEFAULT_BLOCK_SIZE = 256
+"""Query and key/value block size used when none is given (tuned on a 2-core CPU)."""
+
+
+def _check_inputs(query, key, value, is_causal, scale, block_size) -> int:
+    # The reference's checks, so both functions refuse bad input with the same words.
+    from .functional import _check_sdpa_inputs
+
+    _check_sdpa_inputs(query, key, value, None, 0.0, is_causal, scale)
+    return check_positive_int("block_size", block_size)
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    # Half-precision inputs get float32 running statistics, as FlashAttention's
+    # kernels keep their accumulators in float32.
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _future_mask(q_start, q_end, kv_start, kv_end, device) -> torch.Tensor:
+    """Bool ``(q_end - q_start, kv_end - kv_start)``, True where key j > query i."""
+    rows = torch.arange(q_start, q_end, device=device).unsqueeze(-1)  # (Bq, 1)
+    cols = torch.arange(kv_start, kv_end, device=device)  # (Bk,)
+    return cols > rows  # (Bq, Bk): top-left aligned causal mask, True = hidden
+
+
+def flash_attention_forward(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    is_causal: bool = False,
+    scale: float | None = None,
+    *,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tiled forward loop of FlashAttention, returning the log-sum-exp too.
+
+    Computes ``softmax(query @ key^T * scale) @ value`` one
+    ``(block_size, block_size)`` tile of scores at a time, never holding the
+    whole ``(num_tokens_q, num_tokens_kv)`` matrix. It is plain PyTorch, so
+    autograd can differentiate it, but autograd then saves every tile's
+    tensors (quadratic memory again); :func:`flash_attention` avoids that.
+
+    Args:
+        query: ``(..., num_tokens_q, d_k)``.
+        key: ``(..., num_tokens_kv, d_k)``.
+        value: ``(..., num_tokens_kv, d_v)``.
+        is_causal: query ``i`` sees keys ``j <= i`` (top-left alignment, as
+            :func:`attnlib.functional.causal_mask` and torch's ``is_causal``).
+        scale: multiplier of the scores; default ``1 / sqrt(d_k)``.
+        block_size: rows of queries and of keys/values per tile, any int >= 1;
+            the sizes need not be multiples of it. Default
+            :data:`DEFAULT_BLOCK_SIZE`.
+
+    Returns:
+        ``(context_vec, logsumexp)``: ``context_vec`` ``(..., num_tokens_q, d_v)``
+        in the input's dtype, and ``logsumexp`` ``(..., num_tokens_q, 1)``, the
+        log of each row's softmax denominator (``-inf`` for a row that sees no
+        key), in float32 for half-precision inputs. With no keys at all the
+        context vectors are zeros, as in torch.
+
+    Raises:
+        TypeError: a tensor is not floating point, the dtypes differ,
+            ``is_causal`` is not a bool, ``scale`` is not a number or
+            ``block_size`` is not an int.
+        ValueError: a tensor has fewer than 2 dimensions; query and key
+            disagree on ``d_k``; key and value on ``num_tokens_kv``; the
+            leading dimensions differ; the tensors are on different devices;
+            ``scale`` is not finite; ``block_size < 1``.
+
+    Source: Dao et al. (2022), "FlashAttention", Algorithm 1 (tiling with
+    running max and sum); the loop order of Dao (2023), "FlashAttention-2",
+    Algorithm 1; Milakov and Gimelshein (2018), "Online normalizer calculation
+    for softmax", Algorithm 3.
+    """
+    block_size = _check_inputs(query, key, value, is_causal, scale, block_size)
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
+    num_tokens_q, num_tokens_kv = query.shape[-2], key.shape[-2]
+    dtype = _compute_dtype(query.dtype)
+    lead = query.shape[:-2]  # the (batch, head) dimensions
+
+    context_blocks, logsumexp_blocks = [], []
+    for q_start in range(0, num_tokens_q, block_size):
+        q_end = min(q_start + block_size, num_tokens_q)
+        q_block = query[..., q_start:q_end, :].to(dtype) * scale  # (..., Bq, d_k)
+        rows = q_end - q_start
+        row_max = torch.full((*lead, rows, 1), -math.inf, dtype=dtype, device=query.device)
+        row_sum = torch.zeros((*lead, rows, 1), dtype=dtype, device=query.device)
+        acc = torch.zeros((*lead, rows, value.shape[-1]), dtype=dtype, device=query.device)
+        # With a causal mask, no query of this block sees a key at or past q_end.
+        kv_stop = min(num_tokens_kv, q_end) if is_causal else num_tokens_kv
+        for kv_start in range(0, kv_stop, block_size):
+            kv_end = min(kv_start + block_size, kv_stop)
+            k_block = key[..., kv_start:kv_end, :].to(dtype)  # (..., Bk, d_k)
+            v_block = value[..., kv_start:kv_end, :].to(dtype)  # (..., Bk, d_v)
+            scores = q_block @ k_block.transpose(-2, -1)  # (..., Bq, Bk): one tile only
+            if is_causal and kv_end - 1 > q_start:  # the tile crosses the diagonal
+                hidden = _future_mask(q_start, q_end, kv_start, kv_end, query.device)
+                scores = scores.masked_fill(hidden, -math.inf)
+            # Every row sees key 0 in the first tile, so new_max is finite from here on.
+            new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))  # (..., Bq, 1)
+            probs = torch.exp(scores - new_max)  # (..., Bq, Bk), unnormalised
+            rescale = torch.exp(row_max - new_max)  # shrinks what was summed under the old max
+            row_sum = row_sum * rescale + probs.sum(dim=-1, keepdim=True)
+            acc = acc * rescale + probs @ v_block  # (..., Bq, d_v)
+            row_max = new_max
+        # A row that saw no key (num_tokens_kv == 0) has acc == 0 and row_sum == 0: give 0.
+        context_blocks.append(acc / torch.where(row_sum > 0, row_sum, 1.0))
+        logsumexp_blocks.append(row_max + torch.log(row_sum))
+    context_vec = torch.cat(context_blocks, dim=-2) if context_blocks else (
+        query.new_zeros((*lead, 0, value.shape[-1])))  # (..., num_tokens_q, d_v)
+    logsumexp = torch.cat(logsumexp_blocks, dim=-2) if logsumexp_blocks else (
+        torch.zeros((*lead, 0, 1), dtype=dtype, device=query.device))  # (..., N_q, 1)
+    return context_vec.to(query.dtype), logsumexp
+
+
+class _FlashAttentionFunction(torch.autograd.Function):
+    """Autograd wrapper: saves only the inputs, the output and the log-sum-exp."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, is_causal, scale, block_size):
+        context_vec, logsumexp = flash_attention_forward(
+            query, key, value, is_causal, scale, block_size=block_size)
+        ctx.save_for_backward(query, key, value, context_vec, logsumexp)
+        ctx.is_causal, ctx.scale, ctx.block_size = is_causal, scale, block_size
+        return context_vec
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_context):
+        query, key, value, context_vec, logsumexp = ctx.saved_tensors
+        grads = _flash_backward(query, key, value, context_vec, logsumexp, grad_context,
+                                ctx.is_causal, ctx.scale, ctx.block_size)
+        return (*grads, None, None, None)
+
+
+def _flash_backward(query, key, value, context_vec, logsumexp, grad_context,
+                    is_causal, scale, block_size):
+    """Gradients of tiled attention, recomputing each tile's weights (FA-2, Algorithm 2)."""
+    dtype = logsumexp.dtype
+    num_tokens_q, num_tokens_kv = query.shape[-2], key.shape[-2]
+    grad_context = grad_context.to(dtype)
+    # D_i = sum_d dO_id * O_id = sum_j P_ij dP_ij: the softmax backward's row term.
+    delta = (grad_context * context_vec.to(dtype)).sum(dim=-1, keepdim=True)  # (..., N_q, 1)
+    grad_query = torch.zeros(query.shape, dtype=dtype, device=query.device)
+    grad_key = torch.zeros(key.shape, dtype=dtype, device=key.device)
+    grad_value = torch.zeros(value.shape, dtype=dtype, device=value.device)
+    for kv_start in range(0, num_tokens_kv, block_size):
+        kv_end = min(kv_start + block_size, num_tokens_kv)
+        k_block = key[..., kv_start:kv_end, :].to(dtype)  # (..., Bk, d_k)
+        v_block = value[..., kv_start:kv_end, :].to(dtype)  # (..., Bk, d_v)
+        # With a causal mask, queries before kv_start do not see this block.
+        for q_start in range(kv_start if is_causal else 0, num_tokens_q, block_size):
+            q_end = min(q_start + block_size, num_tokens_q)
+            q_block = query[..., q_start:q_end, :].to(dtype)  # (..., Bq, d_k)
+            scores = (q_block @ k_block.transpose(-2, -1)) * scale  # (..., Bq, Bk)
+            if is_causal and kv_end - 1 > q_start:
+                hidden = _future_mask(q_start, q_end, kv_start, kv_end, query.device)
+                scores = scores.masked_fill(hidden, -math.inf)
+            attn_weights = torch.exp(scores - logsumexp[..., q_start:q_end, :])  # recomputed
+            grad_out_block = grad_context[..., q_start:q_end, :]  # (..., Bq, d_v)
+            grad_value[..., kv_start:kv_end, :] += attn_weights.transpose(-2, -1) @ grad_out_block
+            grad_weights = grad_out_block @ v_block.transpose(-2, -1)  # (..., Bq, Bk)
+            grad_scores = attn_weights * (grad_weights - delta[..., q_start:q_end, :]) * scale
+            grad_query[..., q_start:q_end, :] += grad_scores @ k_block
+            grad_key[..., kv_start:kv_end, :] += grad_scores.transpose(-2, -1) @ q_block
+    return grad_query.to(query.dtype), grad_key.to(key.dtype), grad_value.to(value.dtype)
+
+
+def flash_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    is_causal: bool = False,
+    scale: float | None = None,
+    *,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+) -> torch.Tensor:
+    """``softmax(query @ key^T * scale) @ value`` in tiles: FlashAttention in PyTorch.
+
+    Gives the result of :func:`torch.nn.functional.scaled_dot_product_attention`
+    (no mask or causal, no dropout) while holding only one
+    ``(block_size, block_size)`` tile of scores at a time: memory grows
+    linearly with the number of tokens instead of quadratically. The forward
+    pass is :func:`flash_attention_forward`. The backward pass does not
+    store the tiles: it recomputes each tile's weights from the saved
+    log-sum-exp of its rows, so a training step is linear in memory too.
+
+    It is written for reading, not speed: on a GPU a fused kernel does the
+    same work without Python's loop (see ``torch.nn.attention.sdpa_kernel``).
+    Unlike :func:`attnlib.functional.scaled_dot_product_attention` it cannot
+    return the attention weights: they never exist at once.
+
+    Args:
+        query: ``(..., num_tokens_q, d_k)``.
+        key: ``(..., num_tokens_kv, d_k)``.
+        value: ``(..., num_tokens_kv, d_v)``. The leading dimensions ``...``
+            must be equal (no broadcasting).
+        is_causal: query ``i`` sees keys ``j <= i``: the lower triangle
+            aligned at the top-left corner, as torch's ``is_causal=True`` and
+            :func:`attnlib.functional.causal_mask`. Default ``False``.
+        scale: multiplier of the scores; default ``1 / sqrt(d_k)``.
+        block_size: keyword-only; query and key/value rows per tile, any
+            int >= 1 (the sizes need not be multiples of it). Default
+            :data:`DEFAULT_BLOCK_SIZE` (256).
+
+    Returns:
+        ``context_vec`` ``(..., num_tokens_q, d_v)``, the dtype of the input.
+        Half-precision inputs are computed with float32 running statistics.
+        With no keys (``num_tokens_kv == 0``) it is zeros, as in torch.
+
+    Raises:
+        TypeError: a tensor is not floating point or the dtypes differ;
+            ``is_causal`` is not a bool; ``scale`` is not a number;
+            ``block_size`` is not an int.
+        ValueError: a tensor has fewer than 2 dimensions; query and key
+            disagree on ``d_k``; key and value disagree on ``num_tokens_kv``;
+            the leading dimensions differ; the tensors are on different
+            devices; ``scale`` is not finite; ``block_size < 1``.
+
+    Source: Dao et al. (2022), "FlashAttention: Fast and Memory-Efficient Exact
+    Attention with IO-Awareness", Algorithm 1 (forward) and Algorithm 4
+    (backward by recomputation); Dao (2023), "FlashAttention-2", Algorithms 1
+    and 2 (loop order); Milakov and Gimelshein (2018), "Online normalizer
+    calculation for softmax".
+    """
+    block_size = _check_inputs(query, key, value, is_causal, scale, block_size)
+    is_causal = bool(is_causal)
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
+    return _FlashAttentionFunction.apply(query, key, value, is_causal, float(scale), block_size)

@@ -1,0 +1,300 @@
+"""Tests for attnlib.flash: tiled FlashAttention against torch's fused kernel.
+
+Values and gradients agree with torch.nn.functional.scaled_dot_product_attention
+(float32 and float64, causal or not, N_q != N_kv, d_v != d_k, every block size);
+bad input gets the reference's errors; peak memory grows linearly, not
+quadratically. No timing assertions: speed is the benchmark's job.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import attnlib
+from attnlib import flash
+from attnlib.bench import peak_memory_bytes
+from attnlib.functional import flash_attention, scaled_dot_product_attention
+
+TOL = {torch.float32: {"rtol": 1e-5, "atol": 1e-5}, torch.float64: {"rtol": 1e-10, "atol": 1e-12}}
+
+
+def _qkv(lead=(2, 3), n_q=7, n_kv=11, d_k=5, d_v=4, dtype=torch.float64, seed=0,
+         requires_grad=False):
+    gen = torch.Generator().manual_seed(seed)
+    shapes = ((*lead, n_q, d_k), (*lead, n_kv, d_k), (*lead, n_kv, d_v))
+    return tuple(torch.randn(s, generator=gen, dtype=dtype).requires_grad_(requires_grad)
+                 for s in shapes)
+
+
+def test_public_names():
+    assert attnlib.functional.flash_attention is flash.flash_attention
+    assert "flash_attention" in attnlib.functional.__all__
+    assert attnlib.flash_attention is flash.flash_attention
+
+
+# --- values -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("n_q, n_kv", [(7, 11), (11, 7), (9, 9), (1, 13), (13, 1)])
+def test_every_block_size_gives_torchs_values(dtype, is_causal, n_q, n_kv):
+    query, key, value = _qkv(n_q=n_q, n_kv=n_kv, dtype=dtype)
+    expected = F.scaled_dot_product_attention(query, key, value, is_causal=is_causal)
+    for block_size in range(1, max(n_q, n_kv) + 4):  # smaller than, equal to and past N
+        out = flash_attention(query, key, value, is_causal=is_causal, block_size=block_size)
+        assert out.dtype == dtype and out.shape == expected.shape
+        torch.testing.assert_close(out, expected, **TOL[dtype], msg=f"block_size={block_size}")
+
+
+@pytest.mark.parametrize("scale", [0.1, 2.5, -1.0])
+def test_explicit_scale_matches_torch(scale):
+    query, key, value = _qkv()
+    for is_causal in (False, True):
+        torch.testing.assert_close(
+            flash_attention(query, key, value, is_causal, scale, block_size=4),
+            F.scaled_dot_product_attention(query, key, value, is_causal=is_causal, scale=scale))
+
+
+def test_default_block_size_and_no_leading_dimensions():
+    query, key, value = _qkv(lead=(), n_q=600, n_kv=530, d_k=16, d_v=8, seed=3)
+    assert flash.DEFAULT_BLOCK_SIZE == 256
+    for is_causal in (False, True):
+        torch.testing.assert_close(
+            flash_attention(query, key, value, is_causal=is_causal),
+            F.scaled_dot_product_attention(query, key, value, is_causal=is_causal))
+
+
+def test_large_scores_do_not_overflow():
+    # Scores near 1e4: exp would overflow without the running maximum.
+    query, key, value = _qkv(dtype=torch.float32)
+    out = flash_attention(query * 100, key * 100, value, block_size=3)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(
+        out, F.scaled_dot_product_attention(query * 100, key * 100, value), rtol=1e-4, atol=1e-4)
+
+
+def test_causal_output_ignores_future_keys_and_values():
+    query, key, value = _qkv(n_q=9, n_kv=9)
+    out = flash_attention(query, key, value, is_causal=True, block_size=2)
+    key2, value2 = key.clone(), value.clone()
+    key2[..., 5:, :] += 10.0
+    value2[..., 5:, :] -= 3.0
+    out2 = flash_attention(query, key2, value2, is_causal=True, block_size=2)
+    torch.testing.assert_close(out2[..., :5, :], out[..., :5, :])
+    assert not torch.allclose(out2[..., 5:, :], out[..., 5:, :])
+
+
+def test_no_keys_gives_zeros_as_torch_and_no_queries_gives_empty():
+    query, key, value = _qkv(n_q=4, n_kv=0)
+    for is_causal in (False, True):
+        out = flash_attention(query, key, value, is_causal=is_causal)
+        expected = F.scaled_dot_product_attention(query, key, value, is_causal=is_causal)
+        assert torch.equal(out, expected) and not out.isnan().any()
+    query, key, value = _qkv(n_q=0, n_kv=4)
+    assert flash_attention(query, key, value).shape == (2, 3, 0, 4)
+
+
+def test_logsumexp_is_the_log_of_each_rows_softmax_denominator():
+    query, key, value = _qkv()
+    for is_causal in (False, True):
+        out, logsumexp = flash.flash_attention_forward(
+            query, key, value, is_causal=is_causal, block_size=3)
+        scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])
+        if is_causal:
+            scores = scores.masked_fill(~attnlib.causal_mask(7, 11), -math.inf)
+        torch.testing.assert_close(logsumexp, torch.logsumexp(scores, dim=-1, keepdim=True))
+        torch.testing.assert_close(out, flash_attention(query, key, value, is_causal))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_keeps_dtype_and_is_close_to_float32(dtype):
+    query, key, value = _qkv(dtype=torch.float32, n_q=40, n_kv=40, d_k=16, d_v=16)
+    out = flash_attention(query.to(dtype), key.to(dtype), value.to(dtype), is_causal=True,
+                          block_size=8)
+    assert out.dtype == dtype
+    expected = F.scaled_dot_product_attention(query, key, value, is_causal=True)
+    torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_inputs_are_not_modified_and_inference_mode_works():
+    query, key, value = _qkv()
+    copies = [t.clone() for t in (query, key, value)]
+    with torch.inference_mode():
+        out = flash_attention(query, key, value, is_causal=True, block_size=2)
+    assert not out.requires_grad
+    for t, c in zip((query, key, value), copies, strict=True):
+        assert torch.equal(t, c)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lead=st.lists(st.integers(1, 3), min_size=0, max_size=2),
+    n_q=st.integers(1, 20),
+    n_kv=st.integers(1, 20),
+    d_k=st.integers(1, 9),
+    d_v=st.integers(1, 9),
+    block_size=st.integers(1, 24),
+    is_causal=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_property_any_shape_and_block_size_matches_torch(lead, n_q, n_kv, d_k, d_v, block_size,
+                                                         is_causal, seed):
+    query, key, value = _qkv(tuple(lead), n_q, n_kv, d_k, d_v, seed=seed)
+    torch.testing.assert_close(
+        flash_attention(query, key, value, is_causal=is_causal, block_size=block_size),
+        F.scaled_dot_product_attention(query, key, value, is_causal=is_causal),
+        **TOL[torch.float64])
+
+
+# --- gradients ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("n_q, n_kv, block_size", [(7, 11, 3), (11, 7, 4), (9, 9, 1), (9, 9, 12)])
+def test_gradients_match_torch(dtype, is_causal, n_q, n_kv, block_size):
+    query, key, value = _qkv(n_q=n_q, n_kv=n_kv, dtype=dtype, requires_grad=True)
+    grad_out = torch.randn(2, 3, n_q, 4, generator=torch.Generator().manual_seed(9), dtype=dtype)
+    ours = torch.autograd.grad(
+        flash_attention(query, key, value, is_causal=is_causal, block_size=block_size),
+        (query, key, value), grad_out)
+    theirs = torch.autograd.grad(
+        F.scaled_dot_product_attention(query, key, value, is_causal=is_causal),
+        (query, key, value), grad_out)
+    for name, g, e in zip(("query", "key", "value"), ours, theirs, strict=True):
+        assert g.dtype == dtype
+        torch.testing.assert_close(g, e, **TOL[dtype], msg=f"grad of {name}")
+
+
+def test_gradcheck_float64():
+    query, key, value = _qkv(lead=(2,), n_q=5, n_kv=6, d_k=3, d_v=2, requires_grad=True)
+    for is_causal in (False, True):
+        assert torch.autograd.gradcheck(
+            lambda q, k, v, c=is_causal: flash_attention(q, k, v, is_causal=c, block_size=2),
+            (query, key, value))
+
+
+def test_autograd_through_the_bare_forward_loop_gives_the_same_gradients():
+    query, key, value = _qkv(requires_grad=True)
+    out, _ = flash.flash_attention_forward(query, key, value, is_causal=True, block_size=3)
+    ours = torch.autograd.grad(out.sum(), (query, key, value))
+    theirs = torch.autograd.grad(
+        F.scaled_dot_product_attention(query, key, value, is_causal=True).sum(),
+        (query, key, value))
+    for g, e in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(g, e)
+
+
+def test_gradient_only_for_the_inputs_that_need_one():
+    query, key, value = _qkv()
+    value.requires_grad_(True)
+    out = flash_attention(query, key, value, block_size=4)
+    (grad_value,) = torch.autograd.grad(out.sum(), (value,))
+    expected = torch.autograd.grad(
+        F.scaled_dot_product_attention(query, key, value).sum(), (value,))[0]
+    torch.testing.assert_close(grad_value, expected)
+    assert query.grad is None and key.grad is None
+
+
+# --- bad input: the reference's errors, plus block_size -------------------------------------
+
+
+def _bad_inputs():
+    q, k, v = _qkv(dtype=torch.float32)
+    return [
+        ("a list query", ([[1.0]], k, v), {}),
+        ("int query", (q.long(), k, v), {}),
+        ("1-D query", (q[0, 0, 0], k, v), {}),
+        ("dtypes differ", (q, k.double(), v), {}),
+        ("d_k differ", (q, k[..., :3], v), {}),
+        ("num_tokens_kv differ", (q, k, v[..., :5, :]), {}),
+        ("leading dims differ", (q, k[:1], v[:1]), {}),
+        ("is_causal int", (q, k, v), {"is_causal": 1}),
+        ("scale string", (q, k, v), {"scale": "0.5"}),
+        ("scale inf", (q, k, v), {"scale": math.inf}),
+        ("scale bool", (q, k, v), {"scale": True}),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_bad_inputs())),
+                         ids=[name for name, *_ in _bad_inputs()])
+def test_bad_input_gets_the_references_error(case):
+    _, args, kwargs = _bad_inputs()[case]
+    with pytest.raises((TypeError, ValueError)) as reference:
+        scaled_dot_product_attention(*args, **kwargs)
+    with pytest.raises(reference.type) as ours:
+        flash_attention(*args, **kwargs)
+    assert str(ours.value) == str(reference.value)
+
+
+@pytest.mark.parametrize(
+    "block_size, error, match",
+    [
+        (0, ValueError, "block_size must be a positive int, got block_size=0"),
+        (-3, ValueError, "block_size must be a positive int, got block_size=-3"),
+        (2.0, TypeError, "block_size must be an int, got float block_size=2.0"),
+        (True, TypeError, "block_size must be an int, got bool block_size=True"),
+        ("8", TypeError, "block_size must be an int, got str block_size='8'"),
+    ],
+)
+def test_bad_block_size(block_size, error, match):
+    query, key, value = _qkv()
+    for fn in (flash_attention, flash.flash_attention_forward):
+        with pytest.raises(error, match=match):
+            fn(query, key, value, block_size=block_size)
+
+
+def test_numpy_block_size_is_accepted():
+    np = pytest.importorskip("numpy")
+    query, key, value = _qkv()
+    torch.testing.assert_close(flash_attention(query, key, value, block_size=np.int64(3)),
+                               F.scaled_dot_product_attention(query, key, value))
+
+
+# --- memory: linear, not quadratic -----------------------------------------------------------
+
+
+def _peak(fn, num_tokens, block_size=64, backward=False):
+    query, key, value = _qkv(lead=(1, 1), n_q=num_tokens, n_kv=num_tokens, d_k=16, d_v=16,
+                             dtype=torch.float32, requires_grad=backward)
+    if backward:
+        return peak_memory_bytes(
+            lambda: fn(query, key, value, is_causal=True, block_size=block_size).sum().backward(),
+            "cpu")
+    with torch.inference_mode():
+        return peak_memory_bytes(
+            lambda: fn(query, key, value, is_causal=True, block_size=block_size), "cpu")
+
+
+def _reference(query, key, value, is_causal, block_size):  # block_size unused
+    return scaled_dot_product_attention(query, key, value, is_causal=is_causal,
+                                        return_weights=True)[0]
+
+
+def test_peak_memory_grows_linearly_not_quadratically():
+    n1, n2 = 512, 2048  # 4x the tokens: a quadratic peak grows 16x
+    flash_ratio = _peak(flash_attention, n2) / _peak(flash_attention, n1)
+    reference_ratio = _peak(_reference, n2) / _peak(_reference, n1)
+    assert reference_ratio > 12  # the measurement does see quadratic growth
+    assert flash_ratio < 5  # ~4x: linear in N (plus a constant tile workspace)
+    # Far below the readable path's N x N matrices at the larger size.
+    assert _peak(flash_attention, n2) < 2 * n2 * n2 * 4 / 20
+
+
+def test_backward_recomputes_instead_of_storing_tiles():
+    n1, n2 = 256, 1024
+    recompute = _peak(flash_attention, n2, backward=True) / _peak(flash_attention, n1,
+                                                                  backward=True)
+
+    def bare_loop(query, key, value, is_causal, block_size):
+        return flash.flash_attention_forward(query, key, value, is_causal,
+                                             block_size=block_size)[0]
+
+    stored = _peak(bare_loop, n2, backward=True) / _peak(bare_loop, n1, backward=True)
+    assert stored > 8  # autograd keeps every tile: quadratic
+    assert recompute < 5  # the recomputing backward stays linear
