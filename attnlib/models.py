@@ -15,7 +15,8 @@ positional encoding from :mod:`attnlib.positional`, and blocks of causal
 
 Without the MLP (``d_ff=None``, the default) the model is *attention-only*: all
 it can do is move information between positions, which is what chapter 10
-wants to watch.
+wants to watch. :meth:`TinyTransformer.generate` continues a prompt greedily,
+with or without one :class:`attnlib.KVCache` per block.
 
 Shape legend used in every docstring here:
 
@@ -33,6 +34,7 @@ import torch.nn as nn
 
 from ._validation import check_bool, check_dropout, check_positive_int, type_name
 from .attention import MultiHeadAttention
+from .kv_cache import KVCache
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 
 __all__ = ["POSITIONAL_CHOICES", "TransformerBlock", "TinyTransformer"]
@@ -111,7 +113,13 @@ class TransformerBlock(nn.Module):
                 nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model)
             )
 
-    def forward(self, x: torch.Tensor, return_weights: bool = False):
+    def forward(
+        self,
+        x: torch.Tensor,
+        return_weights: bool = False,
+        *,
+        kv_cache: KVCache | None = None,
+    ):
         """Run the block on the residual stream ``x``.
 
         Args:
@@ -119,22 +127,28 @@ class TransformerBlock(nn.Module):
             return_weights: also return the attention weights, computed on
                 :class:`attnlib.MultiHeadAttention`'s readable path. Default
                 ``False``.
+            kv_cache: keyword-only; this block's :class:`attnlib.KVCache`, passed
+                to the attention (``x`` then holds only the new tokens).
+                Default None.
 
         Returns:
             ``(batch, num_tokens, d_model)``; with ``return_weights=True``, the
             pair ``(x, attn_weights)`` with ``attn_weights`` of shape
-            ``(batch, num_heads, num_tokens, num_tokens)``: the weights the
-            attention applied.
+            ``(batch, num_heads, num_tokens, num_cached + num_tokens)``
+            (``num_cached = 0`` without a cache): the weights the attention
+            applied.
 
         Raises:
             TypeError, ValueError: as :meth:`attnlib.MultiHeadAttention.forward`
-                for a wrong ``x`` or ``return_weights``.
+                for a wrong ``x``, ``return_weights`` or ``kv_cache``.
         """
         check_bool("return_weights", return_weights)
         if return_weights:
-            attn_out, attn_weights = self.attn(self.norm_1(x), return_weights=True)
+            attn_out, attn_weights = self.attn(
+                self.norm_1(x), return_weights=True, kv_cache=kv_cache
+            )
         else:
-            attn_out = self.attn(self.norm_1(x))
+            attn_out = self.attn(self.norm_1(x), kv_cache=kv_cache)
         x = x + attn_out  # (batch, num_tokens, d_model)
         if self.mlp is not None:
             x = x + self.mlp(self.norm_2(x))  # (batch, num_tokens, d_model)
@@ -236,6 +250,45 @@ class TinyTransformer(nn.Module):
         self.final_norm = nn.LayerNorm(d_model)
         self.out_head = nn.Linear(d_model, vocab_size, bias=False)
 
+    def new_kv_caches(self) -> list[KVCache]:
+        """One empty :class:`attnlib.KVCache` per block, for :meth:`forward`'s ``kv_caches``."""
+        return [KVCache() for _ in self.blocks]
+
+    def _num_cached(self, kv_caches: object, num_tokens: int) -> int:
+        if kv_caches is None:
+            return 0
+        if not isinstance(kv_caches, (list, tuple)) or not all(
+            isinstance(c, KVCache) for c in kv_caches
+        ):
+            raise TypeError(
+                "kv_caches must be a list of attnlib.KVCache (model.new_kv_caches()), "
+                f"got {type_name(kv_caches)}"
+            )
+        if len(kv_caches) != self.num_layers:
+            raise ValueError(
+                f"kv_caches has {len(kv_caches)} caches, but the model has "
+                f"num_layers={self.num_layers}: pass one per block"
+            )
+        counts = {c.num_tokens for c in kv_caches}
+        if len(counts) != 1:
+            raise ValueError(f"the caches in kv_caches hold different numbers of tokens: {counts}")
+        num_cached = counts.pop()
+        if num_cached + num_tokens > self.context_length:
+            raise ValueError(
+                f"the caches hold {num_cached} tokens and idx adds num_tokens={num_tokens}: "
+                f"{num_cached + num_tokens} tokens exceed context_length={self.context_length}"
+            )
+        return num_cached
+
+    def _add_positions(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """``x`` plus the positional vectors of positions ``start .. start + num_tokens - 1``."""
+        positions = torch.arange(start, start + x.shape[1], device=x.device)  # (num_tokens,)
+        if self.positional == "learned":
+            table = self.pos_emb.embedding(positions)  # (num_tokens, d_model)
+        else:
+            table = self.pos_emb.encoding[positions].to(x.dtype)  # (num_tokens, d_model)
+        return x + table  # (batch, num_tokens, d_model)
+
     def _check_idx(self, idx: object) -> None:
         if not isinstance(idx, torch.Tensor):
             raise TypeError(f"idx must be a torch.Tensor of token ids, got {type_name(idx)}")
@@ -265,7 +318,13 @@ class TinyTransformer(nn.Module):
                 f"idx holds token id {bad}, outside 0 .. vocab_size - 1 = {self.vocab_size - 1}"
             )
 
-    def forward(self, idx: torch.Tensor, return_weights: bool = False):
+    def forward(
+        self,
+        idx: torch.Tensor,
+        return_weights: bool = False,
+        *,
+        kv_caches: list[KVCache] | None = None,
+    ):
         """Next-token logits for every position of ``idx``.
 
         Args:
@@ -275,35 +334,101 @@ class TinyTransformer(nn.Module):
                 computed on :class:`attnlib.MultiHeadAttention`'s readable path
                 (the weights the attention applied). Default ``False``: the
                 fused fast path.
+            kv_caches: keyword-only; one :class:`attnlib.KVCache` per block
+                (:meth:`new_kv_caches`), all holding the same ``num_cached``
+                earlier tokens. ``idx`` then holds only the *new* tokens, at
+                positions ``num_cached ..``; their keys and values are appended
+                to the caches. Default None: ``idx`` is the whole sequence.
 
         Returns:
             ``logits``: ``(batch, num_tokens, vocab_size)``; ``logits[:, t]``
-            scores the token that follows ``idx[:, :t + 1]``. With
-            ``return_weights=True``, the pair ``(logits, attn_weights)`` where
-            ``attn_weights`` is a list with one
-            ``(batch, num_heads, num_tokens, num_tokens)`` tensor per layer.
+            scores the token that follows the sequence up to ``idx[:, t]``.
+            With ``return_weights=True``, the pair ``(logits, attn_weights)``
+            where ``attn_weights`` is a list with one
+            ``(batch, num_heads, num_tokens, num_cached + num_tokens)`` tensor
+            per layer (``num_cached = 0`` without caches).
 
         Raises:
-            TypeError: ``idx`` is not an int64 tensor, or ``return_weights``
-                is not a bool.
+            TypeError: ``idx`` is not an int64 tensor, ``return_weights`` is
+                not a bool, or ``kv_caches`` is not a list of ``KVCache``.
             ValueError: ``idx`` is not 2-D or is empty, has more than
-                ``context_length`` tokens, holds an id outside the vocabulary,
-                or is on another device than the model.
+                ``context_length`` tokens (cached ones included), holds an id
+                outside the vocabulary, or is on another device than the
+                model; ``kv_caches`` does not have one cache per block, or its
+                caches hold different numbers of tokens.
         """
         self._check_idx(idx)
         check_bool("return_weights", return_weights)
-        x = self.pos_emb(self.tok_emb(idx))  # (batch, num_tokens, d_model)
+        num_cached = self._num_cached(kv_caches, idx.shape[1])
+        x = self._add_positions(self.tok_emb(idx), num_cached)  # (batch, num_tokens, d_model)
+        caches = kv_caches if kv_caches is not None else [None] * self.num_layers
         all_weights = []
-        for block in self.blocks:
+        for block, cache in zip(self.blocks, caches, strict=True):
             if return_weights:
-                x, attn_weights = block(x, return_weights=True)
-                all_weights.append(attn_weights)  # (batch, num_heads, num_tokens, num_tokens)
+                x, attn_weights = block(x, return_weights=True, kv_cache=cache)
+                all_weights.append(attn_weights)  # (batch, num_heads, num_tokens, N_kv)
             else:
-                x = block(x)
+                x = block(x, kv_cache=cache)
         logits = self.out_head(self.final_norm(x))  # (batch, num_tokens, vocab_size)
         if return_weights:
             return logits, all_weights
         return logits
+
+    @torch.no_grad()
+    def generate(
+        self, idx: torch.Tensor, max_new_tokens: int, *, use_cache: bool = True
+    ) -> torch.Tensor:
+        """Continue ``idx`` greedily (the most likely next token), one token at a time.
+
+        Without a cache every step runs the model on the whole sequence so
+        far; with one (the default) the prompt runs once and every later step
+        runs only the newest token, whose queries attend to the cached keys
+        and values. Both give the same tokens. Run it in ``eval()`` mode for
+        deterministic output (dropout is active in training mode).
+
+        Args:
+            idx: the prompt, int64 ``(batch, num_tokens)``.
+            max_new_tokens: tokens to add; ``num_tokens + max_new_tokens`` must
+                not exceed ``context_length``.
+            use_cache: keyword-only; decode with one :class:`attnlib.KVCache`
+                per block. Default ``True``.
+
+        Returns:
+            int64 ``(batch, num_tokens + max_new_tokens)``: the prompt followed
+            by the generated tokens.
+
+        Raises:
+            TypeError: ``idx`` is not an int64 tensor, ``max_new_tokens`` is
+                not an int, or ``use_cache`` is not a bool.
+            ValueError: as :meth:`forward` for ``idx``; ``max_new_tokens`` is
+                not positive, or the result would exceed ``context_length``.
+
+        Source: incremental decoding with cached keys and values, Shazeer
+        (2019), "Fast Transformer Decoding: One Write-Head is All You Need",
+        section 2.4; greedy choice of the next token.
+        """
+        self._check_idx(idx)
+        check_positive_int("max_new_tokens", max_new_tokens)
+        check_bool("use_cache", use_cache)
+        total = idx.shape[1] + max_new_tokens
+        if total > self.context_length:
+            raise ValueError(
+                f"num_tokens={idx.shape[1]} + max_new_tokens={max_new_tokens} = {total} "
+                f"exceeds context_length={self.context_length}"
+            )
+        caches = self.new_kv_caches() if use_cache else None
+        logits = self(idx, kv_caches=caches)  # (batch, num_tokens, vocab_size)
+        out = idx
+        for step in range(max_new_tokens):
+            next_token = logits[:, -1].argmax(dim=-1, keepdim=True)  # (batch, 1)
+            out = torch.cat((out, next_token), dim=1)  # (batch, num_tokens + step + 1)
+            if step == max_new_tokens - 1:
+                break
+            if use_cache:
+                logits = self(next_token, kv_caches=caches)  # (batch, 1, vocab_size)
+            else:
+                logits = self(out)  # (batch, num_tokens + step + 1, vocab_size)
+        return out
 
     def extra_repr(self) -> str:
         return (

@@ -181,3 +181,73 @@ def test_return_weights_must_be_bool():
 def test_constructor_errors(kwargs, error, match):
     with pytest.raises(error, match=match):
         make_model(**kwargs)
+
+
+# ---------------------------------------------------------------- KV cache and generation
+
+
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal"])
+def test_chunks_through_kv_caches_equal_one_forward(positional):
+    model = make_model(positional=positional, d_ff=16)
+    idx = tokens(2, 9)
+    full, full_weights = model(idx, return_weights=True)
+    caches = model.new_kv_caches()
+    parts = [model(idx[:, :4], kv_caches=caches), model(idx[:, 4:5], kv_caches=caches)]
+    last, last_weights = model(idx[:, 5:], return_weights=True, kv_caches=caches)
+    torch.testing.assert_close(torch.cat([*parts, last], dim=1), full, rtol=1e-5, atol=1e-5)
+    assert [len(c) for c in caches] == [9, 9]
+    # The new tokens' weights over all nine keys are the last rows of the full maps.
+    assert last_weights[0].shape == (2, 3, 4, 9)
+    torch.testing.assert_close(last_weights[1], full_weights[1][:, :, 5:], rtol=1e-5, atol=1e-5)
+
+
+def test_a_cache_needs_the_right_positions():
+    # Feeding the new token without its cache would put it at position 0: other logits.
+    model = make_model()
+    idx = tokens(1, 6)
+    full = model(idx)
+    alone = model(idx[:, 5:])
+    assert (alone[:, 0] - full[:, 5]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("d_ff", [None, 16])
+def test_generate_with_and_without_cache_agree(d_ff):
+    model = make_model(d_ff=d_ff, vocab_size=7, context_length=12)
+    prompt = tokens(3, 4, vocab_size=7)
+    with_cache = model.generate(prompt, 8)
+    without = model.generate(prompt, 8, use_cache=False)
+    assert with_cache.shape == (3, 12)
+    assert torch.equal(with_cache, without)
+    assert torch.equal(with_cache[:, :4], prompt)
+    # Greedy: each generated token is the argmax of the full forward pass.
+    logits = model(with_cache[:, :-1])
+    assert torch.equal(logits[:, 3:].argmax(-1), with_cache[:, 4:])
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda m: m.generate(tokens(1, 5), 5), ValueError, "= 10 exceeds context_length=9"),
+        (lambda m: m.generate(tokens(1, 5), 0), ValueError, "max_new_tokens"),
+        (lambda m: m.generate(tokens(1, 5), 2, use_cache=None), TypeError, "use_cache"),
+        (lambda m: m(tokens(1, 3), kv_caches=attnlib.KVCache()), TypeError,
+         "kv_caches must be a list of attnlib.KVCache"),
+        (lambda m: m(tokens(1, 3), kv_caches=[attnlib.KVCache()]), ValueError,
+         "kv_caches has 1 caches, but the model has num_layers=2"),
+    ],
+)
+def test_generation_and_cache_errors(call, error, match):
+    with pytest.raises(error, match=match):
+        call(make_model())
+
+
+def test_cache_overflow_and_mismatched_caches_are_errors():
+    model = make_model()
+    caches = model.new_kv_caches()
+    model(tokens(1, 6), kv_caches=caches)
+    with pytest.raises(ValueError, match="the caches hold 6 tokens and idx adds num_tokens=4"):
+        model(tokens(1, 4), kv_caches=caches)
+    other = model.new_kv_caches()
+    model.blocks[0](torch.zeros(1, 2, 12), kv_cache=other[0])
+    with pytest.raises(ValueError, match="different numbers of tokens"):
+        model(tokens(1, 1), kv_caches=other)
