@@ -26,6 +26,7 @@ from .basics import (
     check_simplified_attention,
     check_softmax,
 )
+from .efficient import check_flash_attention, check_online_softmax
 from .llm import check_kv_cache_mask, check_repeat_kv, check_rope
 from .masks import check_causal_attention, check_causal_mask
 from .multihead import check_merge_heads, check_multi_head_attention
@@ -35,9 +36,11 @@ __all__ = [
     "CheckFailed",
     "check_causal_attention",
     "check_causal_mask",
+    "check_flash_attention",
     "check_kv_cache_mask",
     "check_merge_heads",
     "check_multi_head_attention",
+    "check_online_softmax",
     "check_qkv_projection",
     "check_repeat_kv",
     "check_rope",

@@ -1,0 +1,224 @@
+"""attnlib.exercises.efficient: check_online_softmax and check_flash_attention.
+
+Each checker accepts the reference and the book's solution, and rejects each
+typical wrong answer with a message that names it (one test per wrong answer);
+the global random state is unchanged after every check.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import attnlib
+from attnlib.exercises import CheckFailed, check_flash_attention, check_online_softmax
+from attnlib.exercises.efficient import _online_softmax_variant, _tiled_variant
+
+# ---------------------------------------------------------------------------
+# check_online_softmax
+# ---------------------------------------------------------------------------
+
+
+def book_online_softmax(x):
+    """The solution printed in chapter 8."""
+    running_max = torch.full(x.shape[:-1], -math.inf, dtype=x.dtype)
+    running_sum = torch.zeros(x.shape[:-1], dtype=x.dtype)
+    for j in range(x.shape[-1]):  # one pass over the columns
+        new_max = torch.maximum(running_max, x[..., j])
+        running_sum = running_sum * torch.exp(running_max - new_max) + torch.exp(
+            x[..., j] - new_max
+        )
+        running_max = new_max
+    return torch.exp(x - running_max.unsqueeze(-1)) / running_sum.unsqueeze(-1)
+
+
+def test_online_softmax_accepts_the_book_solution(capsys):
+    assert check_online_softmax(book_online_softmax) is True
+    assert capsys.readouterr().out.startswith("Correct:")
+
+
+def test_online_softmax_accepts_the_references():
+    assert check_online_softmax(lambda x: torch.softmax(x, dim=-1)) is True
+    assert check_online_softmax(attnlib.softmax) is True
+    assert check_online_softmax(_online_softmax_variant) is True
+
+
+@pytest.mark.parametrize(
+    ("wrong", "named"),
+    [
+        pytest.param(lambda x: _online_softmax_variant(x, rescale="none"),
+                     "forgets to rescale the running sum", id="no-rescale"),
+        pytest.param(lambda x: _online_softmax_variant(x, rescale="inverted"),
+                     "inverse of the right factor", id="inverted-rescale"),
+        pytest.param(lambda x: _online_softmax_variant(x, final_max=False),
+                     "FINAL maximum", id="max-when-read"),
+        pytest.param(lambda x: torch.softmax(x, dim=0), "wrong dimension", id="wrong-dim"),
+        pytest.param(lambda x: torch.exp(x - x.amax(-1, keepdim=True)),
+                     "without dividing by the running sum", id="not-normalised"),
+        pytest.param(lambda x: torch.exp(x) / torch.exp(x).sum(-1, keepdim=True),
+                     "exp overflows", id="overflow"),
+        pytest.param(lambda x: x.sub_(x.amax(-1, keepdim=True)).exp_().div_(
+            x.sum(-1, keepdim=True)), "changed x in place", id="in-place"),
+        pytest.param(lambda x: torch.softmax(x, -1).float(), "dtype torch.float32",
+                     id="wrong-dtype"),
+        pytest.param(lambda x: torch.softmax(x, -1)[..., :-1], "returned shape", id="wrong-shape"),
+        pytest.param(lambda x: torch.softmax(x / 2, -1), "differs from torch.softmax",
+                     id="something-else"),
+    ],
+)
+def test_online_softmax_names_each_wrong_answer(wrong, named):
+    with pytest.raises(CheckFailed, match=named):
+        check_online_softmax(wrong)
+
+
+def test_online_softmax_nonsense_and_stub():
+    with pytest.raises(CheckFailed, match="expected a one-pass softmax function"):
+        check_online_softmax("softmax")
+
+    def stub(x):
+        raise NotImplementedError("write your online softmax here")
+
+    with pytest.raises(CheckFailed, match="NotImplementedError"):
+        check_online_softmax(stub)
+    with pytest.raises(CheckFailed, match="returned list"):
+        check_online_softmax(lambda x: x.tolist())
+
+
+# ---------------------------------------------------------------------------
+# check_flash_attention
+# ---------------------------------------------------------------------------
+
+
+def book_tiled_attention(query, key, value, is_causal=False, block_size=4):
+    """The solution printed in chapter 8 (queries all at once, keys in tiles)."""
+    num_tokens_q, num_tokens_kv = query.shape[-2], key.shape[-2]
+    lead = query.shape[:-2]
+    scale = 1.0 / math.sqrt(query.shape[-1])
+    row_max = torch.full((*lead, num_tokens_q, 1), -math.inf, dtype=query.dtype)
+    row_sum = torch.zeros((*lead, num_tokens_q, 1), dtype=query.dtype)
+    acc = torch.zeros((*lead, num_tokens_q, value.shape[-1]), dtype=query.dtype)
+    rows = torch.arange(num_tokens_q).unsqueeze(-1)  # (N_q, 1)
+    for start in range(0, num_tokens_kv, block_size):
+        end = min(start + block_size, num_tokens_kv)
+        scores = query @ key[..., start:end, :].transpose(-2, -1) * scale
+        if is_causal:
+            cols = torch.arange(start, end)  # (Bk,)
+            scores = scores.masked_fill(cols > rows, -math.inf)
+        new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))
+        probs = torch.exp(scores - new_max)
+        rescale = torch.exp(row_max - new_max)
+        row_sum = row_sum * rescale + probs.sum(dim=-1, keepdim=True)
+        acc = acc * rescale + probs @ value[..., start:end, :]
+        row_max = new_max
+    return acc / row_sum
+
+
+def test_flash_accepts_the_book_solution(capsys):
+    assert check_flash_attention(book_tiled_attention) is True
+    assert capsys.readouterr().out.startswith("Correct:")
+
+
+def test_flash_accepts_attnlib_and_torch():
+    assert check_flash_attention(attnlib.functional.flash_attention) is True
+    assert check_flash_attention(
+        lambda q, k, v, is_causal, block_size: torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=is_causal)) is True
+    assert check_flash_attention(_tiled_variant) is True
+
+
+def _wrong(**kwargs):
+    def fn(query, key, value, is_causal=False, block_size=4):
+        return _tiled_variant(query, key, value, is_causal, block_size, **kwargs)
+    return fn
+
+
+def _no_max(query, key, value, is_causal=False, block_size=4):
+    scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])
+    if is_causal:
+        scores = scores.masked_fill(
+            torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+    weights = torch.exp(scores)
+    return weights / weights.sum(-1, keepdim=True) @ value
+
+
+@pytest.mark.parametrize(
+    ("wrong", "named"),
+    [
+        pytest.param(_wrong(rescale_acc=False), "rescale the running OUTPUT", id="no-acc-rescale"),
+        pytest.param(_wrong(rescale_sum=False), "rescale the running SUM", id="no-sum-rescale"),
+        pytest.param(_wrong(rescale_acc=False, rescale_sum=False), "rescales neither",
+                     id="no-rescale"),
+        pytest.param(_wrong(scale=1.0), "does not scale the scores", id="no-scale"),
+        pytest.param(_wrong(scale=0.5), r"1/sqrt\(d_v\)", id="sqrt-d_v"),
+        pytest.param(lambda q, k, v, is_causal, block_size: _tiled_variant(q, k, v, False,
+                                                                           block_size),
+                     "ignores is_causal=True", id="causal-ignored"),
+        pytest.param(lambda q, k, v, is_causal, block_size: _tiled_variant(
+            q, k, v, is_causal, block_size,
+            causal_offset=k.shape[-2] - q.shape[-2] if is_causal else 0),
+            "bottom-right", id="bottom-right"),
+        pytest.param(_no_max, "overflows", id="overflow"),
+        pytest.param(lambda q, k, v, is_causal, block_size: _tiled_variant(
+            q.mul_(1.0), k.add_(0.0).mul_(1.0000001), v, is_causal, block_size),
+            "changed key in place", id="in-place"),
+        pytest.param(lambda q, k, v, is_causal, block_size: _tiled_variant(
+            q, k, v, is_causal, block_size).transpose(-2, -1), "returned shape",
+            id="wrong-shape"),
+        pytest.param(lambda q, k, v, is_causal, block_size: (
+            _tiled_variant(q, k, v, is_causal, block_size), None), "tuple", id="tuple"),
+        pytest.param(lambda q, k, v, is_causal, block_size: _tiled_variant(
+            q, k, v, is_causal, block_size) * 1.01, "differs from softmax", id="something-else"),
+    ],
+)
+def test_flash_names_each_wrong_answer(wrong, named):
+    with pytest.raises(CheckFailed, match=named):
+        check_flash_attention(wrong)
+
+
+def test_flash_nonsense_and_stub():
+    with pytest.raises(CheckFailed, match="expected a tiled attention function"):
+        check_flash_attention(42)
+
+    def stub(query, key, value, is_causal=False, block_size=4):
+        raise NotImplementedError
+
+    with pytest.raises(CheckFailed, match="NotImplementedError"):
+        check_flash_attention(stub)
+
+    def no_block_size(query, key, value, is_causal=False):
+        return _tiled_variant(query, key, value, is_causal, 4)
+
+    with pytest.raises(CheckFailed, match="unexpected keyword argument 'block_size'"):
+        check_flash_attention(no_block_size)
+
+
+# ---------------------------------------------------------------------------
+# both
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("check, answer", [
+    (check_online_softmax, book_online_softmax),
+    (check_online_softmax, lambda x: torch.softmax(x + 0.5 * torch.rand_like(x), -1)),
+    (check_flash_attention, book_tiled_attention),
+    (check_flash_attention, lambda q, k, v, is_causal, block_size: torch.nn.functional.
+     scaled_dot_product_attention(q, k, v, dropout_p=0.5, is_causal=is_causal)),
+])
+def test_the_global_random_state_is_unchanged(check, answer):
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    try:
+        check(answer)
+    except CheckFailed:
+        pass  # the answers that draw random numbers fail; the state must still be kept
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_device_argument_is_validated():
+    with pytest.raises(TypeError, match="device must be"):
+        check_online_softmax(book_online_softmax, device=3)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA GPU"):
+            check_flash_attention(book_tiled_attention, device="cuda")
