@@ -27,6 +27,7 @@ from .basics import (
     check_softmax,
 )
 from .efficient import check_flash_attention, check_online_softmax
+from .learning import check_prefix_matching_score
 from .llm import check_kv_cache_mask, check_repeat_kv, check_rope
 from .masks import check_causal_attention, check_causal_mask
 from .multihead import check_merge_heads, check_multi_head_attention
@@ -41,6 +42,7 @@ __all__ = [
     "check_merge_heads",
     "check_multi_head_attention",
     "check_online_softmax",
+    "check_prefix_matching_score",
     "check_qkv_projection",
     "check_repeat_kv",
     "check_rope",
