@@ -11,6 +11,10 @@ Functions are grouped by concept, not by chapter:
 * :mod:`attnlib.positional` - positional encodings, rotary embeddings (RoPE).
 * :mod:`attnlib.kv_cache` - the key-value cache for generating token by token.
 * :mod:`attnlib.gqa` - grouped-query (and multi-query) attention.
+* :mod:`attnlib.models` - ``TinyTransformer``, the small decoder-only model
+  chapter 10 trains.
+* :mod:`attnlib.training` - a seeded training loop that records losses and
+  attention snapshots, and the heads' previous-token and prefix-matching scores.
 * :mod:`attnlib.experiments` - the measured experiments the chapters plot.
 * :mod:`attnlib.viz` - figures (matplotlib is imported only when drawing).
 * :mod:`attnlib.device` - picking CPU or GPU.
@@ -19,7 +23,7 @@ Functions are grouped by concept, not by chapter:
 Mask convention everywhere: a bool mask is True where a query may attend.
 """
 
-from . import data, device, experiments, functional, positional, viz
+from . import data, device, experiments, functional, models, positional, training, viz
 from .attention import (
     CausalAttention,
     MultiHeadAttention,
@@ -47,6 +51,7 @@ from .positional import (
     SinusoidalPositionalEncoding,
     sinusoidal_encoding,
 )
+from .models import TinyTransformer, TransformerBlock
 from .source import expect, show_source
 from .viz import plot_attention
 
@@ -64,6 +69,8 @@ __all__ = [
     "SelfAttention_v1",
     "SelfAttention_v2",
     "SinusoidalPositionalEncoding",
+    "TinyTransformer",
+    "TransformerBlock",
     "bottom_right_causal_mask",
     "causal_mask",
     "data",
@@ -74,6 +81,7 @@ __all__ = [
     "functional",
     "get_device",
     "journey_embeddings",
+    "models",
     "plot_attention",
     "positional",
     "scaled_dot_product_attention",
@@ -83,6 +91,7 @@ __all__ = [
     "sinusoidal_encoding",
     "softmax",
     "softmax_naive",
+    "training",
     "viz",
     "__version__",
 ]
