@@ -30,7 +30,9 @@ from .efficient import check_flash_attention, check_online_softmax
 from .learning import check_prefix_matching_score
 from .llm import check_kv_cache_mask, check_repeat_kv, check_rope
 from .masks import check_causal_attention, check_causal_mask
+from .modules import check_self_attention_v2, check_weight_transfer
 from .multihead import check_merge_heads, check_multi_head_attention
+from .position import check_sinusoidal_encoding
 from .scaling import check_query_jacobian, check_scaled_scores
 
 __all__ = [
@@ -49,6 +51,9 @@ __all__ = [
     "check_query_jacobian",
     "check_scaled_dot_product_attention",
     "check_scaled_scores",
+    "check_self_attention_v2",
     "check_simplified_attention",
+    "check_sinusoidal_encoding",
     "check_softmax",
+    "check_weight_transfer",
 ]
