@@ -80,11 +80,27 @@ def test_contestants_share_weights_but_not_gradients():
     mha_params = {id(p) for p in contestants["attnlib"].params}
     for name in ("torch_mha", "bare_kernels"):
         assert mha_params.isdisjoint(id(p) for p in contestants[name].params), name
-    # qkv_bias=True: 3 weights + 3 biases + out_proj weight and bias.
-    assert len(contestants["bare_kernels"].params) == 8
+    # attnlib, qkv_bias=True: 3 weights + 3 biases + out_proj weight and bias.
     assert len(contestants["attnlib"].params) == 8
-    assert len(bench.make_contestants(D_MODEL, NUM_HEADS, 32, qkv_bias=False,
-                                      device="cpu")["bare_kernels"].params) == 5
+    # The floor packs the three projections into ONE (3 * d_model, d_model) weight.
+    w_qkv, b_qkv, w_o, b_o = contestants["bare_kernels"].params
+    assert w_qkv.shape == (3 * D_MODEL, D_MODEL) and b_qkv.shape == (3 * D_MODEL,)
+    assert w_o.shape == (D_MODEL, D_MODEL) and b_o.shape == (D_MODEL,)
+    no_bias = bench.make_contestants(D_MODEL, NUM_HEADS, 32, qkv_bias=False, device="cpu")
+    assert [p.shape for p in no_bias["bare_kernels"].params] == [
+        (3 * D_MODEL, D_MODEL), (D_MODEL, D_MODEL), (D_MODEL,)]
+
+
+def test_bare_kernels_run_one_projection_gemm():
+    # One F.linear for q, k, v and one for out_proj: two addmm/mm calls in the forward.
+    contestants = bench.make_contestants(D_MODEL, NUM_HEADS, 32, names=["bare_kernels"],
+                                         device="cpu")
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        contestants["bare_kernels"].fn(_x(16, batch=1))
+    gemms = [e for e in prof.events() if e.name in ("aten::addmm", "aten::mm")]
+    assert len(gemms) == 2, [e.name for e in gemms]
 
 
 def test_torch_mha_is_causal():
@@ -98,6 +114,15 @@ def test_torch_mha_is_causal():
         y, y2 = c.fn(x), c.fn(x2)
     torch.testing.assert_close(y[:, :-1], y2[:, :-1])
     assert not torch.allclose(y[:, -1], y2[:, -1])
+
+
+def test_flash_only_computes_sdpa_only():
+    contestants = bench.make_contestants(D_MODEL, NUM_HEADS, 32, device="cpu")
+    inputs = contestants["sdpa_only"].make_inputs(_x())
+    assert not contestants["flash_only"].full_layer
+    with torch.no_grad():
+        torch.testing.assert_close(contestants["flash_only"].fn(*inputs),
+                                   contestants["sdpa_only"].fn(*inputs))
 
 
 def test_sdpa_only_is_the_attention_kernel_inside_attnlib():
@@ -219,14 +244,16 @@ def test_quick_run_writes_json_with_the_documented_schema(tmp_path, monkeypatch,
     monkeypatch.setattr(bench, "TARGET_VS_BARE_KERNELS", 0.0)
     out = tmp_path / "bench.json"
     status = bench.main(["--quick", "--seq-lens", "32", "--reps", "2", "--warmup", "0",
-                         "--device", "cpu", "--out", str(out), "--check"])
+                         "--device", "cpu", "--out", str(out), "--check",
+                         "--plot", str(tmp_path / "m.png")])
     assert status == 1
     printed = capsys.readouterr().out
     assert "FAIL  forward" in printed and "median ms" in printed
 
     result = json.loads(out.read_text())
-    assert set(result) == {"schema_version", "metadata", "records", "verdicts", "all_targets_met"}
-    assert result["schema_version"] == 1
+    assert set(result) == {"schema_version", "metadata", "records", "verdicts", "all_targets_met",
+                           "memory_sweep", "kernel_timing"}
+    assert result["schema_version"] == 2
     meta = result["metadata"]
     for key in ("torch_version", "device", "device_name", "num_threads", "batch", "d_model",
                 "num_heads", "head_dim", "dtype", "qkv_bias", "reps", "warmup", "seq_lens",
@@ -248,11 +275,17 @@ def test_quick_run_writes_json_with_the_documented_schema(tmp_path, monkeypatch,
         assert r["q1_ms"] <= r["median_ms"] <= r["q3_ms"]
         assert r["peak_memory_bytes"] >= 0
         backward = r["mode"] == "forward_backward"
+        kernel_only = r["contestant"] in ("sdpa_only", "flash_only")
         assert r["flops"] == bench.attention_flops(
-            1, 32, 64, 4, backward=backward, projections=r["contestant"] != "sdpa_only")
+            1, 32, 64, 4, backward=backward, projections=not kernel_only)
         assert r["gflops_per_s"] == pytest.approx(r["flops"] / r["median_ms"] / 1e6)
-        if r["contestant"] == "sdpa_only":
+        if kernel_only:
             assert r["time_vs_torch_mha"] is None and r["time_vs_bare_kernels"] is None
+            sdpa = next(o for o in records if o["contestant"] == "sdpa_only"
+                        and o["mode"] == r["mode"])
+            assert r["time_vs_sdpa_only"] == pytest.approx(r["median_ms"] / sdpa["median_ms"])
+        else:
+            assert r["time_vs_sdpa_only"] is None
         if r["contestant"] == "torch_mha":
             assert r["time_vs_torch_mha"] == 1.0
     verdicts = result["verdicts"]
@@ -260,6 +293,10 @@ def test_quick_run_writes_json_with_the_documented_schema(tmp_path, monkeypatch,
         (t, m) for t in ("attnlib_vs_torch_mha", "attnlib_vs_bare_kernels") for m in bench.MODES}
     assert not any(v["passed"] for v in verdicts)
     assert result["all_targets_met"] is False
+    sweep = result["memory_sweep"]
+    assert [r["seq_len"] for r in sweep["records"]] == [64, 128, 256]
+    assert result["kernel_timing"]["metadata"]["num_tokens"] == 128
+    assert (tmp_path / "m.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_without_check_a_missed_target_still_exits_0(tmp_path, monkeypatch):
@@ -267,9 +304,11 @@ def test_without_check_a_missed_target_still_exits_0(tmp_path, monkeypatch):
     out = tmp_path / "b.json"
     status = bench.main(["--quick", "--seq-lens", "16", "--reps", "1", "--warmup", "0",
                          "--modes", "forward", "--contestants", "attnlib", "bare_kernels",
-                         "--no-memory", "--device", "cpu", "--out", str(out)])
+                         "--no-memory", "--device", "cpu", "--out", str(out),
+                         "--no-memory-sweep", "--no-kernel-timing"])
     assert status == 0
     result = json.loads(out.read_text())
+    assert result["memory_sweep"] is None and result["kernel_timing"] is None
     assert [v["target"] for v in result["verdicts"]] == ["attnlib_vs_bare_kernels"]
     assert all(r["peak_memory_bytes"] is None for r in result["records"])
 
@@ -282,6 +321,8 @@ def test_without_check_a_missed_target_still_exits_0(tmp_path, monkeypatch):
         (["--d-model", "30", "--num-heads", "4"], "d_model=30 is not divisible by num_heads=4"),
         (["--contestants", "flash"], "invalid choice: 'flash'"),
         (["--device", "no_such_device"], "not a torch device"),
+        (["--kernel-block-sizes", "0"], "block_size must be a positive int"),
+        (["--memory-seq-lens", "-4"], "seq_len=-4"),
     ],
 )
 def test_cli_rejects_bad_arguments(argv, message, tmp_path, capsys):
@@ -301,3 +342,69 @@ def test_help_documents_the_options(capsys):
     for option in ("--seq-lens", "--modes", "--contestants", "--reps", "--out", "--check",
                    "--quick", "--device", "--batch", "--qkv-bias"):
         assert option in usage
+
+
+# --- the memory sweep and the kernel timing --------------------------------------------------
+
+
+def test_loglog_slope():
+    assert bench.loglog_slope([1, 2, 4], [3, 12, 48]) == pytest.approx(2.0)
+    assert bench.loglog_slope([8, 16, 32], [5, 10, 20]) == pytest.approx(1.0)
+    assert bench.loglog_slope([8, 16], [5, None]) is None
+    assert bench.loglog_slope([8], [5]) is None
+
+
+def test_memory_sweep_measures_the_readable_path_quadratic_and_flash_linear():
+    sweep = bench.run_memory_sweep([128, 256, 512, 1024], max_reference_tokens=512,
+                                   block_size=32, device="cpu")
+    records = {r["seq_len"]: r for r in sweep["records"]}
+    for n, r in records.items():
+        assert r["predicted_scores_weights_bytes"] == 2 * n * n * 4
+        assert r["input_bytes"] == 3 * n * 64 * 4
+    for n in (128, 256, 512):  # measured: at least the predicted scores and weights
+        assert records[n]["reference_peak_bytes"] >= records[n]["predicted_scores_weights_bytes"]
+        assert records[n]["reference_extrapolated_bytes"] is None
+        assert records[n]["flash_attention_peak_bytes"] < records[n]["reference_peak_bytes"]
+    assert records[1024]["reference_peak_bytes"] is None
+    # The extrapolation follows the fitted power law: about 4x the value at 512.
+    assert records[1024]["reference_extrapolated_bytes"] == pytest.approx(
+        4 * records[512]["reference_peak_bytes"], rel=0.05)
+    assert sweep["slopes"]["reference"] == pytest.approx(2.0, abs=0.05)
+    assert sweep["slopes"]["flash_attention"] < 1.3
+    targets = {v["target"]: v for v in sweep["verdicts"]}
+    assert targets["reference_scores_weights_over_1_GiB"]["passed"] is False  # N is small here
+    assert targets["flash_attention_peak_under_128_MiB"]["passed"] is True
+    assert targets["reference_slope_near_2"]["passed"] is True
+
+
+def test_memory_sweep_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="seq_len=0"):
+        bench.run_memory_sweep([0], device="cpu")
+    with pytest.raises(ValueError, match="block_size must be a positive int"):
+        bench.run_memory_sweep([16], block_size=0, device="cpu")
+    with pytest.raises(TypeError, match="seq_lens must be a sequence"):
+        bench.run_memory_sweep(16, device="cpu")
+
+
+def test_plot_memory_sweep_writes_a_png(tmp_path):
+    sweep = bench.run_memory_sweep([32, 64, 128], max_reference_tokens=64, device="cpu")
+    path = bench.plot_memory_sweep(sweep, tmp_path / "memory.png")
+    assert path == str(tmp_path / "memory.png")
+    assert (tmp_path / "memory.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_kernel_timing_reports_ratios_to_torch():
+    timing = bench.run_kernel_timing(64, num_heads=2, block_sizes=[16, 32], reps=2, warmup=0,
+                                     device="cpu")
+    records = timing["records"]
+    assert [r["block_size"] for r in records] == [None, 16, 32]
+    assert records[0]["contestant"] == "sdpa" and records[0]["time_vs_sdpa"] == 1.0
+    for r in records:
+        assert len(r["times_ms"]) == 2 and r["q1_ms"] <= r["median_ms"] <= r["q3_ms"]
+        assert r["time_vs_sdpa"] == pytest.approx(r["median_ms"] / records[0]["median_ms"])
+    best = min(records[1:], key=lambda r: r["median_ms"])
+    assert timing["best_block_size"] == best["block_size"]
+    (verdict,) = timing["verdicts"]
+    assert verdict["value"] == best["time_vs_sdpa"] and verdict["threshold"] == 3.0
+    with pytest.raises(ValueError, match="block_sizes must be a non-empty"):
+        bench.run_kernel_timing(64, block_sizes=[], device="cpu")
