@@ -6,7 +6,9 @@ The classes follow the course's arc: :class:`SelfAttention_v1` (weights as
 :class:`CausalAttention` (future tokens hidden, dropout on the weights),
 :class:`MultiHeadAttentionWrapper` (several causal heads side by side) and
 :class:`MultiHeadAttention` (the heads split out of one set of projections, with
-an output projection and a fused fast path).
+an output projection, a fused fast path and an optional KV cache for generating
+token by token: ``forward(x, kv_cache=attnlib.KVCache())``). Grouped-query
+attention lives in :mod:`attnlib.gqa`, the cache in :mod:`attnlib.kv_cache`.
 
 Shape legend used in every docstring here:
 
@@ -578,6 +580,11 @@ class MultiHeadAttention(nn.Module):
     * readable (``return_weights=True``): the three projections one by one and
       :func:`attnlib.scaled_dot_product_attention` with the causal ``mask``
       buffer, returning the per-head weights for plotting.
+
+    With ``forward(x, kv_cache=cache)`` the layer generates incrementally:
+    ``x`` holds only the new tokens, their keys and values are appended to the
+    :class:`attnlib.KVCache`, and the causal mask is aligned at the
+    bottom-right (see :meth:`forward`).
 
     Parameters are created in the order ``W_query``, ``W_key``, ``W_value``,
     ``out_proj`` (the reference book's), so seeded numbers match it.
