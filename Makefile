@@ -1,6 +1,7 @@
 # Two commands do all set-up on a fresh machine with Python 3.11 and make:
 #   make book   build the HTML book into _build/html
 #   make test   run every test (unit tests, nbval on every notebook, book build, browser check)
+#   make pdf    the whole book as one PDF, _build/pdf/book.pdf (needs /usr/bin/chromium)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(CURDIR)/$(VENV)/bin
@@ -10,7 +11,7 @@ NOTEBOOKS := $(sort $(wildcard chapters/*.ipynb))
 export PATH := $(BIN):$(PATH)
 export PYTHONHASHSEED := 0
 
-.PHONY: book test lint execute bench clean distclean
+.PHONY: book pdf test lint execute bench clean distclean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +22,14 @@ $(STAMP): requirements.txt pyproject.toml
 
 book: $(STAMP)
 	$(BIN)/jupyter-book build -W -n --keep-going .
+
+# The book on one HTML page, printed by Chromium (Playwright, offline) with the print
+# rules of _static/course.css; a copy goes next to the HTML book, which links it.
+# Jupyter Book's own pdfhtml needs a download of Chromium; this uses the system one.
+pdf: $(STAMP)
+	$(BIN)/jupyter-book build -n --keep-going --builder singlehtml --path-output _build/pdf-build .
+	$(BIN)/python _ext/make_pdf.py _build/pdf-build/_build/singlehtml/intro.html _build/pdf/book.pdf \
+	    --copy-to _build/html
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -n 2 --dist loadfile

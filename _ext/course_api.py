@@ -104,6 +104,8 @@ _PYTHON_MODULES = {
     "dataclasses": "dataclasses.html#dataclasses.",
     "argparse": "argparse.html#argparse.",
     "time": "time.html#time.",
+    "os": "os.html#os.",
+    "pathlib": "pathlib.html#pathlib.",
     "functools": "functools.html#functools.",
 }
 _PYTHON_BUILTINS = {
@@ -181,7 +183,21 @@ def _link_missing(app, env, node, contnode):
             found = _resolve_in_book(app, env, node, contnode, matches[0])
             if found is not None:
                 return found
-    # 3. PyTorch, NumPy and Python names: their own documentation.
+    # 3. A constant of the referencing module that is not public (not in its
+    #    __all__, so not listed): link to the module's section.
+    module_name = node.get("py:module")
+    if "." not in target and module_name and module_name.startswith("attnlib"):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            module = None
+        if module is not None and hasattr(module, target):
+            domain = env.get_domain("py")
+            found = domain.resolve_xref(env, node.get("refdoc"), app.builder, "mod",
+                                        module_name, node, contnode)
+            if found is not None:
+                return found
+    # 4. PyTorch, NumPy and Python names: their own documentation.
     url = external_url(target)
     if url is None:
         return None

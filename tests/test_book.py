@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import http.server
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -202,3 +203,234 @@ def test_chapter_page_has_math_figures_and_colab_link(built_book, server, browse
     assert expected in report["colab"], f"no Colab link {expected}; found {report['colab']}"
     assert report["math"] > 0 and report["typeset"] >= report["math"] and not report["math_errors"]
     assert report["images"] > 0 and not report["broken_images"], report["broken_images"]
+
+
+# ------------------------------------------------- phones, figures, dark mode
+
+PHONE = {"width": 390, "height": 844}
+DESKTOP = {"width": 1280, "height": 900}
+MIN_FIGURE_SCALE = 0.60
+
+
+def open_quietly(browser, url: str, viewport: dict, color_scheme: str = "light"):
+    """A page at ``viewport``, loaded offline; the caller closes its context."""
+    context = browser.new_context(viewport=viewport, color_scheme=color_scheme)
+    page = context.new_page()
+    page.route(
+        "**/*",
+        lambda r: r.continue_()
+        if urlparse(r.request.url).hostname == "127.0.0.1" or r.request.url.startswith("data:")
+        else r.abort(),
+    )
+    page.goto(url, wait_until="load")
+    page.wait_for_load_state("networkidle")
+    return context, page
+
+
+CHAPTERS = [p for p in toc_pages() if p.startswith("chapters/")]
+
+
+@pytest.mark.parametrize("page_name", CHAPTERS)
+def test_phone_menu_button_opens_the_chapter_list(built_book, server, browser, page_name):
+    context, page = open_quietly(browser, f"{server}/{page_name}.html", PHONE)
+    try:
+        toggles = page.locator(".primary-toggle")
+        visible = [i for i in range(toggles.count()) if toggles.nth(i).is_visible()]
+        assert len(visible) == 1, f"{len(visible)} visible menu buttons at 390 px"
+        toggles.nth(visible[0]).click()
+        page.wait_for_timeout(300)
+        links = page.evaluate(
+            "() => { const d = document.getElementById('pst-primary-sidebar-modal');"
+            " if (!d || !d.open) return [];"
+            " return Array.from(d.querySelectorAll('nav a.reference'))"
+            ".filter(a => a.offsetParent !== null).map(a => a.getAttribute('href')); }"
+        )
+        chapters = [h for h in links if "0" in h and h.endswith(".html")]
+        assert len(chapters) >= len(CHAPTERS) - 1, f"menu did not open the chapter list: {links}"
+    finally:
+        context.close()
+
+
+def test_one_search_box_on_a_desktop(built_book, server, browser):
+    context, page = open_quietly(browser, f"{server}/{CHAPTERS[0]}.html", DESKTOP)
+    try:
+        boxes = page.evaluate(
+            "() => Array.from(document.querySelectorAll('.search-button-field'))"
+            ".filter(e => e.offsetParent !== null).length"
+        )
+        assert boxes == 1, f"{boxes} search boxes visible"
+    finally:
+        context.close()
+
+
+def test_no_page_is_wider_than_a_phone(built_book, server, browser):
+    wide = {}
+    for rel in all_pages(built_book):
+        context, page = open_quietly(browser, f"{server}/{rel}", PHONE)
+        try:
+            width = page.evaluate("() => document.documentElement.scrollWidth")
+            if width > PHONE["width"]:
+                culprit = page.evaluate(
+                    """(vw) => { const out = [];
+                    for (const e of document.querySelectorAll('.bd-article *')) {
+                      const r = e.getBoundingClientRect();
+                      if (r.right > vw + 1 && e.offsetParent !== null) {
+                        out.push(e.tagName + '.' + e.className + ': ' + Math.round(r.right));
+                        if (out.length > 2) break; } }
+                    return out; }""",
+                    PHONE["width"],
+                )
+                wide[rel] = (width, culprit)
+        finally:
+            context.close()
+    assert not wide, f"pages wider than {PHONE['width']} px: {wide}"
+
+
+FIGURES_JS = """() => Array.from(document.querySelectorAll('.bd-article img'))
+  .filter(i => !i.closest('.header-article-items, .bd-header-article, nav'))
+  .map(i => ({src: i.getAttribute('src'), alt: i.getAttribute('alt') || '',
+              width: i.getBoundingClientRect().width, natural: i.naturalWidth,
+              svg: i.src.endsWith('.svg')}))"""
+
+
+@pytest.mark.parametrize("page_name", CHAPTERS)
+def test_figures_are_legible_and_described(built_book, server, browser, page_name):
+    context, page = open_quietly(browser, f"{server}/{page_name}.html", DESKTOP)
+    try:
+        figures = page.evaluate(FIGURES_JS)
+    finally:
+        context.close()
+    assert figures, "no figures"
+    problems = []
+    for fig in figures:
+        name = Path(fig["src"]).name
+        if not fig["svg"] and fig["natural"]:
+            scale = fig["width"] / fig["natural"]
+            if scale < MIN_FIGURE_SCALE:
+                problems.append(f"{name} shown at {scale:.0%} of {fig['natural']} px")
+        alt = fig["alt"].strip()
+        if len(alt) < 15 or re.search(r"\.(png|svg|jpe?g)$", alt) or alt == name:
+            problems.append(f"{name} has no real alt text ({alt!r})")
+    assert not problems, problems
+
+
+@pytest.mark.parametrize("page_name", CHAPTERS)
+def test_dark_mode_puts_no_figure_on_a_white_block(built_book, server, browser, page_name):
+    from PIL import Image
+
+    context, page = open_quietly(browser, f"{server}/{page_name}.html", DESKTOP, "dark")
+    try:
+        page.evaluate("() => { document.documentElement.dataset.theme = 'dark';"
+                      " document.documentElement.dataset.mode = 'dark'; }")
+        assert page.evaluate("() => document.documentElement.dataset.theme") == "dark"
+        blocks = page.evaluate(
+            """() => Array.from(document.querySelectorAll('.bd-article img')).map(img => {
+              const light = [];
+              for (let e = img; e && e.tagName !== 'MAIN'; e = e.parentElement) {
+                const c = getComputedStyle(e).backgroundColor.match(/[\\d.]+/g).map(Number);
+                const alpha = c.length > 3 ? c[3] : 1;
+                if (alpha > 0.5 && (c[0] + c[1] + c[2]) / 3 > 128) light.push(e.tagName + '.' + e.className);
+              }
+              return [img.getAttribute('src'), light]; })"""
+        )
+    finally:
+        context.close()
+    problems = [f"{Path(src).name} on {light}" for src, light in blocks if light]
+    opaque = []
+    for src, _ in blocks:
+        path = (built_book / page_name).parent / src
+        if path.suffix == ".png" and path.is_file():
+            with Image.open(path) as image:
+                rgba = image.convert("RGBA")
+                corners = [rgba.getpixel((x, y))[3] for x in (0, rgba.width - 1)
+                           for y in (0, rgba.height - 1)]
+            if min(corners) == 255:
+                opaque.append(path.name)
+    assert not problems, f"figures on a light block in dark mode: {problems}"
+    assert not opaque, f"figures with an opaque background (drawn without attnlib.book): {opaque}"
+
+
+def contrast(fg: list[float], bg: list[float]) -> float:
+    def luminance(rgb):
+        channels = [c / 255 for c in rgb[:3]]
+        channels = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+        return 0.2126 * channels[0] + 0.7152 * channels[1] + 0.0722 * channels[2]
+
+    a, b = luminance(fg), luminance(bg)
+    return (max(a, b) + 0.05) / (min(a, b) + 0.05)
+
+
+@pytest.mark.parametrize("mode", ["light", "dark"])
+def test_show_source_text_is_readable_in_both_themes(built_book, server, browser, mode):
+    """attnlib.show_source's code takes the theme's colours: WCAG AA (4.5:1) everywhere."""
+    worst = []
+    for page_name in CHAPTERS:
+        context, page = open_quietly(browser, f"{server}/{page_name}.html", DESKTOP, mode)
+        try:
+            page.evaluate(f"() => {{ document.documentElement.dataset.theme = '{mode}'; }}")
+            pairs = page.evaluate(
+                """() => { const bg = e => { for (; e; e = e.parentElement) {
+                      const c = getComputedStyle(e).backgroundColor.match(/[\\d.]+/g).map(Number);
+                      if (c.length < 4 || c[3] > 0.5) return c; }
+                      return [255, 255, 255]; };
+                  return Array.from(document.querySelectorAll(
+                      '.cell_output .text_html .highlight span'))
+                    .filter(s => s.textContent.trim())
+                    .map(s => [s.textContent.slice(0, 20),
+                               getComputedStyle(s).color.match(/[\\d.]+/g).map(Number),
+                               bg(s)]); }"""
+            )
+        finally:
+            context.close()
+        for text, fg, bg in pairs:
+            ratio = contrast(fg, bg)
+            if ratio < 4.5:
+                worst.append((round(ratio, 2), page_name, text))
+    assert not worst, f"show_source text below 4.5:1 in {mode} mode: {sorted(worst)[:5]}"
+
+
+def test_api_page_documents_every_public_name(built_book):
+    import importlib
+    import pkgutil
+
+    import attnlib
+
+    html = (built_book / "api.html").read_text()
+    assert 'id="attnlib.attention.MultiHeadAttention"' in html
+    missing = []
+    for info in pkgutil.walk_packages(attnlib.__path__, "attnlib."):
+        if any(part.startswith("_") for part in info.name.split(".")):
+            continue
+        module = importlib.import_module(info.name)
+        # Checkers are documented once, where attnlib.exercises re-exports them.
+        home = "attnlib.exercises" if info.name.startswith("attnlib.exercises.") else info.name
+        for name in getattr(module, "__all__", []):
+            if f'id="{home}.{name}"' not in html and f'id="{info.name}.{name}"' not in html:
+                missing.append(f"{info.name}.{name}")
+    assert not missing, f"not on the API page: {missing}"
+
+
+def test_api_page_shows_multi_head_attention_in_a_browser(built_book, server, browser):
+    context, page = open_quietly(browser, f"{server}/api.html", DESKTOP)
+    try:
+        heading = page.locator('[id="attnlib.attention.MultiHeadAttention"]')
+        assert heading.count() == 1 and heading.is_visible()
+        assert "num_heads" in heading.locator("xpath=..").inner_text()
+    finally:
+        context.close()
+
+
+def test_intro_links_every_chapter_the_api_instructors_and_pdf(built_book):
+    html = (built_book / "intro.html").read_text()
+    for page_name in [*CHAPTERS, "api", "instructors", "references"]:
+        assert f'href="{page_name}.html' in html, f"intro does not link {page_name}"
+    assert 'href="book.pdf"' in html
+
+
+def test_chapters_are_numbered_in_the_navigation(built_book):
+    html = (built_book / "intro.html").read_text()
+    nav = html[html.index('bd-docs-nav'):]
+    for number, page_name in enumerate(CHAPTERS, start=1):
+        assert re.search(rf'href="{re.escape(page_name)}.html">\s*{number}\. ', nav), (
+            f"{page_name} is not numbered {number} in the navigation"
+        )

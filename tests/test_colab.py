@@ -1,0 +1,113 @@
+"""Play Colab: a machine with torch but without attnlib runs a chapter from its
+setup cell on.
+
+The test makes a fresh virtual environment with what Colab has (torch, numpy,
+matplotlib, a Jupyter kernel) and no attnlib; clones this checkout with git
+and tags the clone with the ref the setup cells install (``attnlib_ref`` in
+``_config.yml``); points chapter 1's setup cell at that clone (``git+file://``
+instead of the repository's URL, the one change); and runs the whole notebook
+with nbclient in a folder without the package's sources. It passes when every
+cell runs, and attnlib was installed, non-editable, into the new environment.
+
+Nothing is cached between runs: pip gets ``--no-cache-dir`` and everything
+lives in pytest's temporary folder. It takes a few minutes, so it is marked
+``colab``: ``pytest -m "not colab"`` leaves it out locally; CI runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import venv
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
+CHAPTER = ROOT / "chapters" / "01_simplified_attention.ipynb"
+# What Colab already has; versions as the book is tested with (torch's wheel is local).
+COLAB_PACKAGES = ["torch==2.13.0", "numpy", "matplotlib", "ipykernel", "nbclient", "nbformat"]
+
+pytestmark = pytest.mark.colab
+
+RUN_NOTEBOOK = """
+import sys, nbformat
+from nbclient import NotebookClient
+nb = nbformat.read(sys.argv[1], as_version=4)
+NotebookClient(nb, timeout=600, kernel_name="python3",
+               resources={"metadata": {"path": sys.argv[2]}}).execute()
+nbformat.write(nb, sys.argv[3])
+"""
+
+
+def run(args, **kwargs):
+    result = subprocess.run(args, capture_output=True, text=True, **kwargs)
+    assert result.returncode == 0, (
+        f"{' '.join(map(str, args))} failed ({result.returncode}):\n"
+        f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    )
+    return result
+
+
+@pytest.fixture(scope="module")
+def colab(tmp_path_factory):
+    if shutil.which("git") is None:
+        pytest.skip("git is needed to clone the checkout")
+    tmp = tmp_path_factory.mktemp("colab")
+    ref = CONFIG["repository"]["attnlib_ref"]
+    clone = tmp / "repository"
+    run(["git", "clone", "--quiet", "--no-local", str(ROOT), str(clone)])
+    run(["git", "-C", str(clone), "tag", "-f", ref])
+
+    env_dir = tmp / "venv"
+    venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
+    python = env_dir / "bin" / "python"
+    clean_env = {k: v for k, v in os.environ.items()
+                 if k not in {"PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"}}
+    clean_env["PIP_NO_CACHE_DIR"] = "1"
+    clean_env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    run([str(python), "-m", "pip", "install", "--quiet", *COLAB_PACKAGES], env=clean_env)
+    probe = run([str(python), "-c", "import importlib.util as u; print(u.find_spec('attnlib'))"],
+                env=clean_env, cwd=tmp)
+    assert probe.stdout.strip() == "None", "the fresh environment must not have attnlib"
+    return {"tmp": tmp, "clone": clone, "python": python, "env": clean_env, "ref": ref}
+
+
+def test_chapter_runs_from_its_setup_cell_in_a_fresh_environment(colab):
+    nb = nbformat.read(CHAPTER, as_version=4)
+    setup = next(c for c in nb.cells if c.cell_type == "code" and c.source.strip())
+    url = CONFIG["repository"]["url"]
+    line = f'ATTNLIB_REPO = "{url}"'
+    assert setup.source.count(line) == 1, "the setup cell names the repository once"
+    setup.source = setup.source.replace(line, f'ATTNLIB_REPO = "file://{colab["clone"]}"')
+    # Run where no attnlib sources lie about (Colab's /content).
+    workdir = colab["tmp"] / "content"
+    workdir.mkdir()
+    source = colab["tmp"] / "chapter.ipynb"
+    nbformat.write(nb, source)
+    executed = colab["tmp"] / "executed.ipynb"
+    run([str(colab["python"]), "-c", RUN_NOTEBOOK, str(source), str(workdir), str(executed)],
+        env=colab["env"], cwd=workdir, timeout=900)
+
+    done = nbformat.read(executed, as_version=4)
+    errors = [out for cell in done.cells if cell.cell_type == "code"
+              for out in cell.get("outputs", []) if out.output_type == "error"]
+    assert not errors, errors
+    # attnlib now comes from the new environment, installed from the clone, not editable.
+    where = run([str(colab["python"]), "-c",
+                 "import json, attnlib; print(json.dumps([attnlib.__file__, attnlib.__version__]))"],
+                env=colab["env"], cwd=workdir)
+    path, version = json.loads(where.stdout)
+    assert Path(path).is_relative_to(colab["tmp"] / "venv"), f"attnlib imported from {path}"
+    assert f"v{version}" == colab["ref"]
+    direct_url = list((colab["tmp"] / "venv").glob("lib/python*/site-packages/attnlib-*.dist-info/direct_url.json"))
+    assert direct_url, "attnlib was not installed by pip"
+    info = json.loads(direct_url[0].read_text())
+    assert info["url"] == f"file://{colab['clone']}"
+    assert info["vcs_info"]["requested_revision"] == colab["ref"]
+    assert not info.get("dir_info", {}).get("editable", False)
