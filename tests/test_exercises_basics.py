@@ -116,6 +116,61 @@ def test_check_softmax_names_the_global_maximum():
     assert "maximum of the whole tensor" in message and "0 / 0 = nan" in message
 
 
+def test_check_softmax_names_a_shift_by_the_minimum():
+    # exact in exact arithmetic, but exp(x - min) overflows once a row spans > 709
+    def min_shift(x, dim=-1):
+        exp_x = torch.exp(x - x.amin(dim=dim, keepdim=True))
+        return exp_x / exp_x.sum(dim=dim, keepdim=True)
+
+    message = failure_of(check_softmax, min_shift)
+    assert "subtracts the minimum along dim" in message and "from about -2000" in message
+
+
+def test_check_softmax_names_a_shift_by_the_mean():
+    def mean_shift(x, dim=-1):
+        exp_x = torch.exp(x - x.mean(dim=dim, keepdim=True))
+        return exp_x / exp_x.sum(dim=dim, keepdim=True)
+
+    message = failure_of(check_softmax, mean_shift)
+    assert "subtracts the mean along dim" in message and "from about -2000" in message
+
+
+def test_check_softmax_names_a_sum_over_the_whole_tensor():
+    def whole_sum(x, dim=-1):
+        exp_x = torch.exp(x - x.amax(dim=dim, keepdim=True))
+        return exp_x / exp_x.sum()
+
+    message = failure_of(check_softmax, whole_sum)
+    assert "sum over the whole tensor instead of the sum along dim" in message
+
+
+@pytest.mark.parametrize("reduction", ["amax", "sum"])
+def test_check_softmax_explains_a_missing_keepdim(reduction):
+    def no_keepdim(x, dim=-1):
+        if reduction == "amax":
+            exp_x = torch.exp(x - x.amax(dim=dim))
+            return exp_x / exp_x.sum(dim=dim, keepdim=True)
+        exp_x = torch.exp(x - x.amax(dim=dim, keepdim=True))
+        return exp_x / exp_x.sum(dim=dim)
+
+    message = failure_of(check_softmax, no_keepdim)
+    assert "raised RuntimeError" in message and "pass keepdim=True" in message
+
+
+def test_check_softmax_explains_max_without_values():
+    def max_pair(x, dim=-1):
+        exp_x = torch.exp(x - x.max(dim=dim, keepdim=True))
+        return exp_x / exp_x.sum(dim=dim, keepdim=True)
+
+    message = failure_of(check_softmax, max_pair)
+    assert "returns a pair (values, indices)" in message and ".values" in message
+
+
+def test_check_softmax_leaves_other_errors_without_a_hint():
+    message = failure_of(check_softmax, lambda x, dim=-1: torch.softmax(x, dim=None))
+    assert "raised TypeError" in message and "keepdim" not in message
+
+
 def test_check_softmax_names_the_log_softmax():
     message = failure_of(check_softmax, lambda x, dim=-1: torch.log_softmax(x, dim=dim))
     assert "log-softmax" in message
@@ -165,7 +220,7 @@ def test_check_simplified_attention_names_the_wrong_softmax_dimension():
 def test_check_simplified_attention_names_transposed_weights():
     message = failure_of(check_simplified_attention,
                          lambda x: torch.softmax(x @ x.T, dim=-1).T @ x)
-    assert "transposed weights" in message and "W^T X" in message
+    assert "transposed weights" in message and "A^T X" in message
 
 
 def test_check_simplified_attention_names_a_sqrt_d_scale():
@@ -186,6 +241,14 @@ def test_check_simplified_attention_names_division_by_the_row_sum():
 
     message = failure_of(check_simplified_attention, by_sum)
     assert "row sum instead of using the softmax" in message
+
+
+@pytest.mark.parametrize("dim", [-1, 0])
+def test_check_simplified_attention_names_scores_between_dimensions(dim):
+    message = failure_of(check_simplified_attention,
+                         lambda x: x @ torch.softmax(x.T @ x, dim=dim))
+    assert "computes the scores as x.T @ x" in message and "(d_in, d_in)" in message
+    assert ("softmax over dim=0" in message) == (dim == 0)
 
 
 def test_check_simplified_attention_names_a_naive_softmax():
@@ -237,6 +300,15 @@ def test_check_qkv_projection_names_x_dot_t_on_a_batch():
     assert "x.T" in message and "batch" in message
 
 
+def test_check_qkv_projection_explains_a_transposed_matrix():
+    def with_w_t(x, W_query, W_key, W_value):
+        return x @ W_query.T, x @ W_key.T, x @ W_value.T
+
+    message = failure_of(check_qkv_projection, with_w_t)
+    assert "cannot be multiplied" in message and "needs no transpose" in message
+    assert "(d_in, d_k) = (3, 4)" in message
+
+
 def test_check_qkv_projection_needs_three_tensors():
     message = failure_of(check_qkv_projection, lambda x, wq, wk, wv: (x @ wq, x @ wk))
     assert "tuple of length 2" in message and "(queries, keys, values)" in message
@@ -284,6 +356,59 @@ def test_check_sdpa_names_a_d_k_scale():
     message = failure_of(check_scaled_dot_product_attention,
                          _sdpa_with(lambda q, v: q.shape[-1]))
     assert "1/d_k = 1/4 instead of 1/sqrt(d_k)" in message
+
+
+def test_check_sdpa_names_d_k_to_the_power_one_half():
+    # d_k**1/2 is (d_k**1)/2: right at d_k = 4, wrong on the batch probe (d_k = 5)
+    message = failure_of(check_scaled_dot_product_attention,
+                         _sdpa_with(lambda q, v: q.shape[-1]**1/2))
+    assert "d_k**1/2" in message and "d_k/2 = 2.5" in message and "a batch" in message
+
+
+def test_check_sdpa_names_a_multiplication_by_sqrt_d_k():
+    message = failure_of(check_scaled_dot_product_attention,
+                         _sdpa_with(lambda q, v: 1 / math.sqrt(q.shape[-1])))
+    assert "multiplies the scores by sqrt(d_k) = sqrt(4)" in message
+
+
+def test_check_sdpa_names_a_scale_after_the_softmax():
+    def scaled_after(query, key, value):
+        weights = torch.softmax(query @ key.transpose(-2, -1), dim=-1)
+        return weights / math.sqrt(query.shape[-1]) @ value
+
+    message = failure_of(check_scaled_dot_product_attention, scaled_after)
+    assert "scales after the softmax" in message
+
+
+def test_check_sdpa_names_a_scale_by_the_number_of_tokens():
+    message = failure_of(check_scaled_dot_product_attention,
+                         _sdpa_with(lambda q, v: math.sqrt(len(q))))
+    assert "1/sqrt(num_tokens) = 1/sqrt(5)" in message and "query.shape[-1]" in message
+
+
+def test_check_sdpa_names_key_shape_1_on_a_batch():
+    # key.shape[1] is d_k for (num_tokens, d_k), but num_tokens_kv on a batch
+    def shape_1(query, key, value):
+        scores = query @ key.transpose(-2, -1) / math.sqrt(key.shape[1])
+        return torch.softmax(scores, dim=-1) @ value
+
+    message = failure_of(check_scaled_dot_product_attention, shape_1)
+    assert "1/sqrt(num_tokens_kv) = 1/sqrt(6)" in message and "a batch" in message
+
+
+def test_check_sdpa_names_query_shape_1_on_a_batch():
+    message = failure_of(check_scaled_dot_product_attention,
+                         _sdpa_with(lambda q, v: math.sqrt(q.shape[1])))
+    assert "1/sqrt(num_tokens_q) = 1/sqrt(4)" in message
+
+
+def test_check_sdpa_names_a_scale_by_the_batch_size():
+    def batch_scale(query, key, value):
+        size = query.shape[0] if query.ndim == 3 else query.shape[-1]  # right without a batch
+        return torch.softmax(query @ key.transpose(-2, -1) / math.sqrt(size), dim=-1) @ value
+
+    message = failure_of(check_scaled_dot_product_attention, batch_scale)
+    assert "1/sqrt(batch) = 1/sqrt(2)" in message
 
 
 def test_check_sdpa_names_the_wrong_softmax_dimension():

@@ -72,6 +72,12 @@ def _judge(out: torch.Tensor, expected: torch.Tensor, wrong_answers: dict[str, t
     )
 
 
+def _sentence(failure: CheckFailed) -> str:
+    """The failure's message, ending with a full stop (torch's errors end without one)."""
+    text = str(failure).rstrip()
+    return text if text.endswith(".") else text + "."
+
+
 def _require_unchanged(before: torch.Tensor, after: torch.Tensor, what: str, name: str) -> None:
     if not torch.equal(before, after):
         raise CheckFailed(
@@ -128,7 +134,35 @@ def _softmax_wrong_answers(x: torch.Tensor, dim: int) -> dict[str, torch.Tensor]
         "slice whose entries all lie far below the global maximum underflows to "
         "0 / 0 = nan. Use x.amax(dim=dim, keepdim=True)"
     ] = global_shift / global_shift.sum(dim=dim, keepdim=True)
+    min_shift = torch.exp(x - x.amin(dim=dim, keepdim=True))
+    wrong[
+        "subtracts the minimum along dim instead of the maximum: every exponent is then "
+        ">= 0, and exp overflows (inf / inf = nan) once a slice's entries lie more than "
+        "about 709 apart. Subtract the maximum, so that every exponent is <= 0"
+    ] = min_shift / min_shift.sum(dim=dim, keepdim=True)
+    mean_shift = torch.exp(x - x.mean(dim=dim, keepdim=True))
+    wrong[
+        "subtracts the mean along dim instead of the maximum: an entry more than about 709 "
+        "above its slice's mean still overflows exp (inf / inf = nan). Subtract the "
+        "maximum, so that every exponent is <= 0"
+    ] = mean_shift / mean_shift.sum(dim=dim, keepdim=True)
+    wrong[
+        "divides by the sum over the whole tensor instead of the sum along dim, so no "
+        "slice sums to 1. Use .sum(dim=dim, keepdim=True)"
+    ] = shifted / shifted.sum()
     return wrong
+
+
+def _softmax_error_hint(message: str) -> str:
+    """A hint for the torch errors that a typical softmax mistake raises, or ''."""
+    if "must match the size of tensor" in message:
+        return (" A reduction along dim, such as x.amax(dim=dim) or exp_x.sum(dim=dim), "
+                "drops that dimension, so the result no longer lines up with x; pass "
+                "keepdim=True to keep it as a dimension of size 1, which broadcasts.")
+    if "torch.return_types" in message:
+        return (" x.max(dim=dim) returns a pair (values, indices): take its .values, or "
+                "use x.amax(dim=dim, keepdim=True).")
+    return ""
 
 
 @checker
@@ -138,13 +172,18 @@ def check_softmax(fn: Callable[..., torch.Tensor], *,
 
     The probes are float64 tensors of shapes ``(4, 7)``, ``(3, 5, 6)`` and
     ``(2, 6)``, normalised along ``dim=-1``, ``dim=0``, ``dim=1`` and
-    ``dim=-2``, and two rows far apart (entries near +1000 and
-    near -1000), which a naive or a globally shifted softmax cannot survive.
+    ``dim=-2``; two rows far apart (entries near +1000 and near -1000), which a
+    naive or a globally shifted softmax cannot survive; and a ``(3, 5)`` tensor
+    whose rows run from about -2000 up to about 0, which overflows a softmax
+    shifted by the minimum or the mean instead of the maximum.
 
     Recognised mistakes: the naive softmax that overflows (nan on large
     inputs); normalising over the wrong dimension; ignoring ``dim``; no
-    normalisation (plain ``exp``); subtracting the global maximum instead of the
-    maximum along ``dim``; returning the log-softmax; changing ``x`` in place.
+    normalisation (plain ``exp``); dividing by the sum of the whole tensor;
+    subtracting the global maximum, or the minimum or mean along ``dim``,
+    instead of the maximum along ``dim``; returning the log-softmax; changing
+    ``x`` in place. A reduction without ``keepdim=True`` and ``x.max(dim)``
+    used without ``.values`` raise torch errors, which the message explains.
 
     Args:
         fn: the learner's function, always called as ``fn(x, dim=d)``;
@@ -173,6 +212,10 @@ def check_softmax(fn: Callable[..., torch.Tensor], *,
     cube = _randn(gen, 3, 5, 6, device=device, scale=2.0)
     far_apart = torch.cat([_randn(gen, 1, 6, device=device, scale=3.0, shift=1000.0),
                            _randn(gen, 1, 6, device=device, scale=3.0, shift=-1000.0)])
+    # each row runs from about -2000 up to about 0: a shift by the row's minimum or
+    # mean leaves exponents far above 709, where exp overflows even in float64
+    spread = torch.linspace(-2000.0, 0.0, 5, dtype=_DTYPE).to(device)
+    wide = _randn(gen, 3, 5, device=device, scale=3.0) + spread
     probes = [  # (x, dim, description)
         (small, -1, "a (4, 7) tensor with dim=-1"),
         (small, 0, "a (4, 7) tensor with dim=0"),
@@ -182,16 +225,23 @@ def check_softmax(fn: Callable[..., torch.Tensor], *,
         (far_apart, -1, "a (2, 6) tensor whose rows lie near +1000 and near -1000"),
         (far_apart.T.contiguous(), 0,
          "a (6, 2) tensor whose columns lie near +1000 and near -1000, with dim=0"),
+        (wide, -1, "a (3, 5) tensor whose rows run from about -2000 up to about 0"),
     ]
     for x, dim, probe in probes:
         before = x.clone()
         what = f"{name}(x, dim={dim})"
-        out = call_answer(fn, x, dim=dim, what=what)
+        try:
+            out = call_answer(fn, x, dim=dim, what=what)
+        except CheckFailed as failure:
+            hint = _softmax_error_hint(str(failure))
+            if not hint:
+                raise
+            raise CheckFailed(f"{_sentence(failure)}{hint}") from failure.__cause__
         _require_unchanged(before, x, what, "x")
         require_tensor(out, what, tuple(x.shape), dtype=_DTYPE, device=device)
         _judge(out, torch.softmax(x, dim=dim), _softmax_wrong_answers(x, dim), what, probe)
     return passed(
-        f"{name} matches torch.softmax along any dim, even near +-1000."
+        f"{name} matches torch.softmax along any dim, even for huge scores."
     )
 
 
@@ -209,7 +259,8 @@ def _simplified_wrong_answers(x: torch.Tensor) -> dict[str, torch.Tensor]:
             torch.softmax(attn_scores / math.sqrt(d_in), dim=-1) @ x,
         "uses the transposed weights: the softmax ran over the wrong dimension (dim=0, so "
         "the columns sum to 1), which for the symmetric scores X X^T is the same as "
-        "computing W^T X instead of W X. Use torch.softmax(attn_scores, dim=-1)":
+        "computing A^T X instead of A X, A being the attention weights. Use "
+        "torch.softmax(attn_scores, dim=-1)":
             torch.softmax(attn_scores, dim=0) @ x,
         "skips the softmax: it mixes the inputs with the raw scores X X^T, whose rows do not "
         "sum to 1":
@@ -219,6 +270,14 @@ def _simplified_wrong_answers(x: torch.Tensor) -> dict[str, torch.Tensor]:
         "overflows: its softmax is the naive exp(s) / exp(s).sum(), which gives nan for "
         "large scores. Use a stable softmax (subtract the row maximum) or torch.softmax":
             (exp_scores / exp_scores.sum(dim=-1, keepdim=True)) @ x,
+        **{
+            f"computes the scores as x.T @ x, shape (d_in, d_in) = ({d_in}, {d_in}), which "
+            "compares the embedding dimensions with each other instead of the tokens, and "
+            f"then mixes with x @ weights{where}. The scores are x @ x.T, shape "
+            "(num_tokens, num_tokens), one per pair of tokens":
+                x @ torch.softmax(x.transpose(-2, -1) @ x, dim=dim)
+            for dim, where in ((-1, ""), (0, " (softmax over dim=0)"))
+        },
     }
 
 
@@ -234,8 +293,9 @@ def check_simplified_attention(fn: Callable[[torch.Tensor], torch.Tensor], *,
 
     Recognised mistakes: returning the attention weights (or both tensors);
     softmax over the wrong dimension, which for these symmetric scores is the
-    same as the transposed weights ``W^T X``; scaling by ``1/sqrt(d_in)``;
-    no softmax; dividing by the row sum; a naive softmax that overflows.
+    same as the transposed weights ``A^T X``; scaling by ``1/sqrt(d_in)``;
+    no softmax; dividing by the row sum; a naive softmax that overflows; the
+    scores computed as ``x.T @ x`` (dimensions compared instead of tokens).
 
     Args:
         fn: the learner's function, called as ``fn(x)`` with ``x`` of shape
@@ -301,7 +361,8 @@ def check_qkv_projection(fn: Callable[..., Any], *,
 
     Recognised mistakes: a matrix used for the wrong role (for instance the keys
     computed with ``W_query``) or the results returned in the wrong order; the
-    transposed product ``W^T x^T``; a missing batch dimension (``x.T``).
+    transposed product ``W^T x^T``; a missing batch dimension (``x.T``); a
+    transposed matrix (``x @ W_query.T``), whose shape error the message explains.
 
     Args:
         fn: the learner's function; it must return a tuple of three tensors.
@@ -343,10 +404,19 @@ def check_qkv_projection(fn: Callable[..., Any], *,
         except CheckFailed as failure:
             if x.ndim == 3:  # the 2-d probe passed
                 raise CheckFailed(
-                    f"{failure} It works without a batch dimension but not on {probe}. Does "
+                    f"{_sentence(failure)} It works without a batch dimension but not on "
+                    f"{probe}. Does "
                     "your code use x.T? On a 3-d tensor .T reverses every dimension; x @ W "
                     "needs no transpose and works on any number of leading dimensions."
                 ) from None
+            if "cannot be multiplied" in str(failure):
+                raise CheckFailed(
+                    f"{failure} (seen on {probe}, with W_query and W_key of shape "
+                    f"(d_in, d_k) = {(d_in, d_k)} and W_value of shape (d_in, d_v) = "
+                    f"{(d_in, d_v)}). Each matrix has one row per input dimension, so "
+                    "x @ W_query needs no transpose. (torch.nn.Linear stores its weight "
+                    "the other way round, as (d_out, d_in), and computes x @ weight.T.)"
+                ) from failure.__cause__
             raise
         for (arg, tensor), saved in zip([("x", x), *matrices.items()], before, strict=True):
             _require_unchanged(saved, tensor, what, arg)
@@ -417,7 +487,31 @@ def _sdpa_wrong_answers(query: torch.Tensor, key: torch.Tensor,
             torch.softmax(scores / math.sqrt(d_v), dim=-1) @ value,
         f"scales by 1/d_k = 1/{d_k} instead of 1/sqrt(d_k) = 1/sqrt({d_k})":
             torch.softmax(scores / d_k, dim=-1) @ value,
+        f"multiplies the scores by sqrt(d_k) = sqrt({d_k}) instead of dividing by it":
+            torch.softmax(scores * math.sqrt(d_k), dim=-1) @ value,
+        "scales after the softmax: it divides the weights (or the context vectors) by "
+        "sqrt(d_k), so the weights no longer sum to 1. Divide the scores, before the "
+        "softmax":
+            torch.softmax(scores, dim=-1) @ value / math.sqrt(d_k),
     }
+    if d_k / 2 != math.sqrt(d_k):  # equal at d_k = 4
+        wrong[
+            f"divides by d_k**1/2, which Python reads as (d_k**1)/2 = d_k/2 = {d_k / 2:g}, "
+            f"not sqrt(d_k) = {math.sqrt(d_k):.4g}: ** binds tighter than /. Write "
+            "d_k**0.5 or math.sqrt(d_k)"
+        ] = torch.softmax(scores / (d_k / 2), dim=-1) @ value
+    other_sizes = ({"num_tokens": query.shape[-2]} if query.shape[-2] == key.shape[-2]
+                   else {"num_tokens_q": query.shape[-2], "num_tokens_kv": key.shape[-2]})
+    if query.ndim > 2:
+        other_sizes["batch"] = query.shape[0]
+    for label, size in other_sizes.items():
+        if size in (d_k, d_v):  # the same numbers as a scale named above
+            continue
+        wrong[
+            f"scales by 1/sqrt({label}) = 1/sqrt({size}) instead of 1/sqrt(d_k) = "
+            f"1/sqrt({d_k}): read d_k from the last dimension, query.shape[-1] (with a "
+            "batch in front, shape[0] is the batch size and shape[1] the number of tokens)"
+        ] = torch.softmax(scores / math.sqrt(size), dim=-1) @ value
     if query.shape[-2] == key.shape[-2]:  # square: a transpose still fits the shapes
         wrong[
             "uses transposed weights: the weights that reach the values are the transpose "
@@ -456,8 +550,11 @@ def check_scaled_dot_product_attention(fn: Callable[..., torch.Tensor], *,
     * large scores: query and key with entries of about 40, so that
       ``query @ key^T / sqrt(d_k)`` is far above 710, where ``exp`` overflows.
 
-    Recognised mistakes: scores not scaled; scaled by ``sqrt(d_v)`` or by
-    ``d_k`` instead of ``sqrt(d_k)``; softmax over the wrong dimension
+    Recognised mistakes: scores not scaled; scaled by ``sqrt(d_v)``, by
+    ``d_k``, by ``d_k**1/2`` (that is ``d_k / 2``) or by the square root of the
+    number of tokens or of the batch size instead of ``sqrt(d_k)``; multiplied
+    by ``sqrt(d_k)``; the scale applied after the softmax; softmax over the
+    wrong dimension
     (over the queries); transposed weights or transposed scores; returning the
     weights (or both tensors); a naive softmax that overflows; ``key.T`` on a
     batch.
@@ -503,7 +600,8 @@ def check_scaled_dot_product_attention(fn: Callable[..., torch.Tensor], *,
         except CheckFailed as failure:
             if passed_2d and query.ndim == 3:
                 raise CheckFailed(
-                    f"{failure} It works without a batch dimension but not on {probe}. "
+                    f"{_sentence(failure)} It works without a batch dimension but not on "
+                    f"{probe}. "
                     "Does your code use key.T? On a 3-d tensor .T reverses every dimension; "
                     "use key.transpose(-2, -1), which swaps only the last two."
                 ) from None
