@@ -296,8 +296,6 @@ def train(
     if probe is not None and (not isinstance(probe, torch.Tensor) or probe.dtype != torch.long):
         raise TypeError(f"probe must be an int64 torch.Tensor of token ids, got {type_name(probe)}")
 
-    from tqdm.auto import tqdm  # imported here: only train() needs it
-
     generator = torch.Generator().manual_seed(int(seed))
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     history = TrainingHistory()
@@ -307,7 +305,11 @@ def train(
     if 0 in wanted:
         history.snapshot_steps.append(0)
         history.snapshots.append(_snapshot(model, probe))
-    bar = tqdm(range(1, num_steps + 1), disable=not progress, desc="training", leave=False)
+    bar = range(1, num_steps + 1)
+    if progress:  # imported only when shown: tqdm.auto warns in a kernel without widgets
+        from tqdm.auto import tqdm
+
+        bar = tqdm(bar, desc="training", leave=False)
     for step in bar:
         inputs, targets = make_batch(generator)[:2]
         logits = model(inputs)  # (batch, num_tokens, vocab_size)

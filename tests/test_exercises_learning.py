@@ -15,6 +15,8 @@ from attnlib.training import prefix_matching_score
 
 def book_prefix_matching_score(attn_weights, inputs):
     """The solution printed in chapter 10."""
+    # attn_weights: (batch, num_heads, num_tokens, num_tokens)
+    # inputs: (batch, num_tokens), int64 token ids
     batch, num_heads, num_tokens, _ = attn_weights.shape
     total = torch.zeros(num_heads, dtype=attn_weights.dtype, device=attn_weights.device)
     num_counted = 0
