@@ -82,6 +82,24 @@ def test_check_scaled_scores_names_multiplication_by_sqrt_d_k():
     assert "multiplies by sqrt(d_k)" in message
 
 
+def test_check_scaled_scores_names_d_k_to_the_one_half_as_d_k_over_2():
+    # `d_k ** 1/2` is (d_k ** 1) / 2: the scale comes out as d_k / 2.
+    def precedence(q, k):
+        scale = q.shape[-1] ** 1/2
+        return q @ k.transpose(-2, -1) / scale
+
+    message = failure_of(check_scaled_scores, precedence)
+    assert "divides by d_k / 2 = 2.5" in message and "d_k ** 0.5" in message
+
+
+def test_check_scaled_scores_names_scores_over_d_k_to_the_one_half():
+    # `scores / d_k ** 1/2` is (scores / d_k) / 2.
+    message = failure_of(
+        check_scaled_scores, lambda q, k: q @ k.transpose(-2, -1) / q.shape[-1] ** 1/2
+    )
+    assert "divides by 2 * d_k = 10" in message and "binds tighter" in message
+
+
 def test_check_scaled_scores_names_the_number_of_keys_as_scale():
     # d_k read from key.shape[0]: on one sequence that is the number of keys.
     message = failure_of(
@@ -223,6 +241,32 @@ def test_check_query_jacobian_names_the_inner_product():
         return (torch.diag_embed(w) - w @ w) @ key * scale  # w @ w: a number for one query
 
     assert "inner product" in failure_of(check_query_jacobian, inner)
+
+
+def test_check_query_jacobian_names_scale_divided_in_the_chain_rule():
+    def divided(query, key, scale):
+        return _softmax_jac(_weights(query, key, scale)) @ key / scale
+
+    message = failure_of(check_query_jacobian, divided)
+    assert "divides by scale = 0.4472 in the chain rule" in message
+
+
+def test_check_query_jacobian_names_scale_treated_as_a_divisor():
+    def divisor(query, key, scale):
+        return _softmax_jac(_weights(query, key, 1 / scale)) @ key / scale
+
+    message = failure_of(check_query_jacobian, divisor)
+    assert "treats scale = 0.4472 as a divisor" in message
+
+
+def test_check_query_jacobian_names_the_softmax_across_the_batch():
+    # Right for one query (dim 0 is then the keys); wrong on the batch probe.
+    def across_batch(query, key, scale):
+        attn_scores = (key @ query.unsqueeze(-1)).squeeze(-1)
+        return _softmax_jac(torch.softmax(attn_scores * scale, dim=0)) @ key * scale
+
+    message = failure_of(check_query_jacobian, across_batch)
+    assert "softmax over the wrong dimension (dim=0" in message and "a batch" in message
 
 
 def test_check_query_jacobian_names_the_transpose():

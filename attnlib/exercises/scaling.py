@@ -109,6 +109,14 @@ def _scaled_scores_wrong_answers(query: torch.Tensor,
             scores * math.sqrt(d_k),
         "applies the softmax: return the scaled scores, before any softmax":
             torch.softmax(scores / math.sqrt(d_k), dim=-1),
+        # `** 1/2` binds as `(d_k ** 1) / 2`: the two ways it usually appears.
+        f"divides by d_k / 2 = {d_k / 2:g}, not by sqrt(d_k): `d_k ** 1/2` is read as "
+        "(d_k ** 1) / 2, since ** binds tighter than /. Write d_k ** 0.5 or math.sqrt(d_k)":
+            scores / (d_k / 2),
+        f"divides by 2 * d_k = {2 * d_k}, not by sqrt(d_k): `scores / d_k ** 1/2` is read "
+        "as (scores / d_k) / 2, since ** binds tighter than /. Write "
+        "scores / d_k ** 0.5 or scores / math.sqrt(d_k)":
+            scores / d_k / 2,
     }
     # The scale taken from the wrong dimension (the size of something else).
     sizes = {
@@ -137,7 +145,8 @@ def check_scaled_scores(fn: Callable[..., torch.Tensor], *,
     for batch 2.
 
     Recognised mistakes: no scale; dividing by ``d_k`` instead of
-    ``sqrt(d_k)``; multiplying by ``sqrt(d_k)``; the square root of the wrong
+    ``sqrt(d_k)``; multiplying by ``sqrt(d_k)``; ``d_k ** 1/2`` (which is
+    ``d_k / 2``), written either way; the square root of the wrong
     size (the number of keys or queries, or the batch size, as when ``d_k`` is
     read from ``key.shape[0]`` or ``query.shape[1]``); transposed scores
     (``key @ query^T``); the softmax applied; code that works on one sequence
@@ -240,7 +249,19 @@ def _query_jacobian_wrong_answers(query: torch.Tensor, key: torch.Tensor,
         "subtracts the inner product w . w = sum_i w_i^2 (a number) instead of the outer "
         "product w w^T (a matrix): use w.unsqueeze(-1) * w.unsqueeze(-2)":
             (torch.diag_embed(w) - (w * w).sum(-1)[..., None, None]) @ key * scale,
+        f"divides by scale = {scale:.4g} in the chain rule instead of multiplying by it: "
+        "the scores are scale * key @ query, so d scores / d query = scale * key":
+            jac @ key / scale,
+        f"treats scale = {scale:.4g} as a divisor (scores / scale) instead of a factor: "
+        "the weights are softmax(scale * key @ query), and d scores / d query = scale * key":
+            _softmax_jacobian(torch.softmax(scores / scale, dim=-1)) @ key / scale,
     }
+    if query.ndim >= 2:
+        # Only a batch can tell the softmax's dimension apart: one query has one.
+        wrong["takes the softmax over the wrong dimension (dim=0, across the batch): each "
+              "query's weights must sum to 1 over its keys, the last dimension, dim=-1"] = (
+            _softmax_jacobian(torch.softmax(scores * scale, dim=0)) @ key * scale
+        )
     return wrong
 
 
@@ -262,7 +283,9 @@ def check_query_jacobian(fn: Callable[..., torch.Tensor], *,
     that hides how the scale protects the gradient) or applied twice; the
     softmax Jacobian evaluated at the unscaled scores, with its sign flipped,
     without the outer product, with only its diagonal, or with the inner
-    product ``w . w`` in place of the outer product; the result transposed
+    product ``w . w`` in place of the outer product; ``scale`` used as a
+    divisor, in the chain rule only or everywhere; the softmax taken across the
+    batch (``dim=0``); the result transposed
     (``(d_k, num_keys)``); code that works for one query but not a batch
     (``.T``, ``torch.diag``, ``torch.outer``); changing an argument in place.
 
