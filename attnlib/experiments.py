@@ -217,6 +217,11 @@ class QueryGradientNorm:
             ``d w / d q`` for ``w = softmax(q . k_j)``.
         scaled: ``(num_d_k, num_samples)`` float64, the same for
             ``w = softmax(q . k_j / sqrt(d_k))``, from the same queries and keys.
+        top_two_gap: ``(num_d_k, num_samples)`` float64, for each query the
+            unscaled score of its best key minus that of its second best
+            (``>= 0``; divide by ``sqrt(d_k)`` for the scaled arm). A small gap
+            is a near tie: the softmax keeps two weights large, so ``J`` does
+            not vanish.
     """
 
     d_ks: tuple[int, ...]
@@ -224,6 +229,7 @@ class QueryGradientNorm:
     num_samples: int
     unscaled: torch.Tensor
     scaled: torch.Tensor
+    top_two_gap: torch.Tensor
 
     def _norms(self, scaled: object) -> torch.Tensor:
         return self.scaled if check_bool("scaled", scaled) else self.unscaled
@@ -438,8 +444,15 @@ def query_gradient_norm(
     (:func:`softmax_jacobian`). Both factors matter: a saturated softmax makes
     ``J`` vanish, and the scale divides the rest by ``sqrt(d_k)``. This function
     returns the Frobenius norm of ``d w / d q`` for every query, in both arms,
-    computed from the same queries and keys. (The gradient reaching a key
-    ``k_j`` is ``J[:, j] q^T / c``, of the same make-up.)
+    computed from the same queries and keys, and the gap between each query's
+    two best scores, which decides whether its softmax has saturated. (The
+    gradient reaching a key ``k_j`` is ``J[:, j] q^T / c``, of the same make-up.)
+
+    Precision: where the largest weight rounds to 1 in float64 (norms below
+    about ``1e-14``), ``J``'s diagonal entry ``w (1 - w)`` rounds to 0 and the
+    norm comes out too small, by up to about a third (checked against 60-digit
+    arithmetic); such a query has no usable gradient either way. Norms above
+    ``1e-6`` agree with autograd to about ``1e-8`` relative.
 
     With equal arguments it draws exactly the same queries and keys as
     :func:`softmax_peakiness`, so the two experiments describe the same samples.
@@ -453,8 +466,8 @@ def query_gradient_norm(
 
     Returns:
         A :class:`QueryGradientNorm` holding ``(num_d_k, num_samples)`` float64
-        norms per arm, with methods for the mean, median, percentiles and the
-        fraction of queries below a threshold.
+        norms per arm and the top-two score gaps, with methods for the mean,
+        median, percentiles and the fraction of queries below a threshold.
 
     Raises:
         TypeError: ``d_ks`` is not a sequence of ints, or ``num_tokens``,
@@ -471,11 +484,14 @@ def query_gradient_norm(
     num_samples = _check_int("num_samples", num_samples, 2)
     generator = _generator(seed)
 
-    unscaled, scaled = [], []
+    unscaled, scaled, gaps = [], [], []
     for d_k in d_ks:
         norms = {1.0: [], math.sqrt(d_k): []}
+        gap = []
         for queries, keys in _random_queries_and_keys(d_k, num_tokens, num_samples, generator):
             attn_scores = (queries @ keys.transpose(-2, -1)).squeeze(-2)  # (size, num_tokens)
+            best_two = attn_scores.topk(2, dim=-1).values  # (size, 2), largest first
+            gap.append(best_two[:, 0] - best_two[:, 1])  # (size,)
             for c, found in norms.items():
                 attn_weights = softmax(attn_scores / c, dim=-1)  # (size, num_tokens)
                 jac = softmax_jacobian(attn_weights)  # (size, num_tokens, num_tokens)
@@ -483,12 +499,14 @@ def query_gradient_norm(
                 found.append(torch.linalg.matrix_norm(grad))  # Frobenius, (size,)
         unscaled.append(torch.cat(norms[1.0]))
         scaled.append(torch.cat(norms[math.sqrt(d_k)]))
+        gaps.append(torch.cat(gap))
     return QueryGradientNorm(
         d_ks=d_ks,
         num_tokens=num_tokens,
         num_samples=num_samples,
         unscaled=torch.stack(unscaled),  # (num_d_k, num_samples)
         scaled=torch.stack(scaled),
+        top_two_gap=torch.stack(gaps),  # (num_d_k, num_samples)
     )
 
 

@@ -323,8 +323,12 @@ def test_query_gradient_equals_autograd_on_the_same_draws():
             ])
             torch.testing.assert_close(measured[index], expected)
         # ... and they are the queries and keys softmax_peakiness used.
-        weights = torch.softmax((queries @ keys.transpose(-2, -1)).squeeze(-2), dim=-1)
+        attn_scores = (queries @ keys.transpose(-2, -1)).squeeze(-2)  # (n, num_tokens)
+        weights = torch.softmax(attn_scores, dim=-1)
         torch.testing.assert_close(peak.unscaled_max_weight[index], weights.amax(-1).mean())
+        # The gap between the two best scores, of the same draws.
+        ordered = attn_scores.sort(dim=-1, descending=True).values
+        torch.testing.assert_close(result.top_two_gap[index], ordered[:, 0] - ordered[:, 1])
 
 
 def _reference_query_gradient_norms(d_k: int, num_tokens: int, n: int, seed: int, scaled: bool):
@@ -403,11 +407,30 @@ def test_unscaled_query_gradient_is_heavy_tailed(gradient_sweep):
     assert p90_u[i_1024] > 10 * gradient_sweep.scaled[i_1024].max()
 
 
+def test_unscaled_query_gradient_is_large_only_for_near_ties(gradient_sweep):
+    # Chapter 3 explains the heavy tail by ties: a query keeps a gradient only
+    # if its two best scores are close. At d_k = 1024 (measured, seed 0): every
+    # query in the top tenth has a gap below 2 (at most 1.9), every query below
+    # 0.001 a gap above 11 (at least 11.1), while the median gap is about 12.
+    # Were the large norms spread over all gaps, the two sets would overlap.
+    i_1024 = gradient_sweep.d_ks.index(1024)
+    norms, gap = gradient_sweep.unscaled[i_1024], gradient_sweep.top_two_gap[i_1024]
+    assert torch.all(gap >= 0)
+    top_tenth = norms >= gradient_sweep.percentile(90, scaled=False)[i_1024]
+    almost_none = norms < 1e-3
+    assert gap[top_tenth].max() < 2
+    assert gap[almost_none].min() > 11
+    # The log norm falls in a straight line with the gap (w_2 / w_1 = e^-gap).
+    correlation = torch.corrcoef(torch.stack([gap, norms.log()]))[0, 1]
+    assert correlation < -0.99
+
+
 def test_query_gradient_result_shapes_and_methods():
     result = QueryGradientNorm(
         d_ks=(2, 5), num_tokens=3, num_samples=4,
         unscaled=torch.tensor([[0.0, 1e-4, 0.5, 2.0], [1.0, 2.0, 3.0, 4.0]], dtype=torch.float64),
         scaled=torch.tensor([[0.3, 0.3, 0.3, 0.3], [0.1, 0.2, 0.3, 0.4]], dtype=torch.float64),
+        top_two_gap=torch.zeros(2, 4, dtype=torch.float64),
     )
     torch.testing.assert_close(result.median(scaled=False), torch.tensor([0.25005, 2.5], dtype=torch.float64))
     torch.testing.assert_close(result.mean(scaled=True), torch.tensor([0.3, 0.25], dtype=torch.float64))
@@ -417,7 +440,7 @@ def test_query_gradient_result_shapes_and_methods():
 
 
 def test_query_gradient_sweep_shapes(gradient_sweep):
-    for norms in (gradient_sweep.unscaled, gradient_sweep.scaled):
+    for norms in (gradient_sweep.unscaled, gradient_sweep.scaled, gradient_sweep.top_two_gap):
         assert norms.shape == (len(POWERS_OF_TWO), 1_000)
         assert norms.dtype == torch.float64
         assert torch.all(norms >= 0)
