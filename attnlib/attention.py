@@ -136,54 +136,38 @@ def _num_cached(kv_cache: object, num_tokens: int, context_length: int) -> int:
     return num_cached
 
 
-def _causal_attention(
+def _sdpa_shared_kv(
     queries: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
-    mask: torch.Tensor,
-    num_cached: int,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
     dropout_p: float,
-    return_weights: bool,
-):
-    """Causal attention of new queries to cached + new keys, bottom-right aligned.
+) -> torch.Tensor:
+    """torch's fused attention with fewer key/value heads than query heads.
 
-    ``queries``: ``(b, num_heads, num_new, head_dim)``; ``keys`` and ``values``:
-    ``(b, num_kv_heads, num_cached + num_new, head_dim)``, ``num_kv_heads``
-    dividing ``num_heads`` (key/value head ``j`` serves query heads
-    ``j * r ... j * r + r - 1``, ``r = num_heads // num_kv_heads``). The new
-    queries are the *last* ``num_new`` positions, so query ``i`` may attend to
-    keys ``0 ... num_cached + i``: rows ``num_cached ...`` of the square causal
-    ``mask`` buffer (True = may attend). Returns ``context_vec``
-    ``(b, num_heads, num_new, head_dim)`` and, with ``return_weights``, also
-    ``attn_weights`` ``(b, num_heads, num_new, num_cached + num_new)``.
+    ``queries``: ``(b, num_heads, N_q, head_dim)``; ``keys``, ``values``:
+    ``(b, num_kv_heads, N_kv, head_dim)``, ``num_kv_heads`` dividing
+    ``num_heads``; key/value head ``j`` serves query heads
+    ``j * r ... j * r + r - 1`` (``r = num_heads // num_kv_heads``). Uses
+    ``enable_gqa=True`` where torch has it (>= 2.5, no copies), else
+    ``repeat_interleave``. Returns ``(b, num_heads, N_q, head_dim)``.
     """
-    num_heads, num_kv_heads = queries.shape[1], keys.shape[1]
-    num_tokens_kv = keys.shape[-2]
-    allowed = mask[num_cached:num_tokens_kv, :num_tokens_kv]  # (num_new, num_tokens_kv)
-    if return_weights:
-        if num_kv_heads != num_heads:  # give every query head its own copy of its group's
-            group_size = num_heads // num_kv_heads
-            keys = keys.repeat_interleave(group_size, dim=1)  # (b, num_heads, N_kv, head_dim)
-            values = values.repeat_interleave(group_size, dim=1)  # (b, num_heads, N_kv, head_dim)
-        return attn_functional.scaled_dot_product_attention(
-            queries, keys, values, attn_mask=allowed, dropout_p=dropout_p, return_weights=True
-        )  # (b, num_heads, num_new, head_dim), (b, num_heads, num_new, num_tokens_kv)
-
-    kwargs = {}
-    if num_kv_heads != num_heads:
-        if _SDPA_HAS_ENABLE_GQA:
-            kwargs["enable_gqa"] = True
-        else:
-            group_size = num_heads // num_kv_heads
-            keys = keys.repeat_interleave(group_size, dim=1)  # (b, num_heads, N_kv, head_dim)
-            values = values.repeat_interleave(group_size, dim=1)
-    if num_cached == 0:  # square: torch's top-left causal mask is the right one
-        kwargs["is_causal"] = True
-    elif queries.shape[-2] > 1:  # several new tokens after cached ones: bottom-right mask
-        kwargs["attn_mask"] = allowed
-    # (one new token after cached ones may attend to every key: no mask at all)
-    return F.scaled_dot_product_attention(queries, keys, values, dropout_p=dropout_p, **kwargs)
-    # (b, num_heads, num_new, head_dim)
+    if keys.shape[1] == queries.shape[1]:
+        return F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
+        )
+    if _SDPA_HAS_ENABLE_GQA:
+        return F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=attn_mask, dropout_p=dropout_p,
+            is_causal=is_causal, enable_gqa=True,
+        )
+    group_size = queries.shape[1] // keys.shape[1]
+    keys = keys.repeat_interleave(group_size, dim=1)  # (b, num_heads, N_kv, head_dim)
+    values = values.repeat_interleave(group_size, dim=1)  # (b, num_heads, N_kv, head_dim)
+    return F.scaled_dot_product_attention(
+        queries, keys, values, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -756,13 +740,21 @@ class MultiHeadAttention(nn.Module):
             # keys, values: (b, num_heads, num_cached + num_tokens, head_dim)
 
         dropout_p = self.dropout_p if self.training else 0.0
+        num_tokens_kv = keys.shape[-2]  # num_cached + num_tokens
+        # The new queries are the last positions: query i may attend to keys
+        # 0 ... num_cached + i, rows num_cached ... of the square causal mask.
+        allowed = self.mask[num_cached:num_tokens_kv, :num_tokens_kv]  # True = may attend
         if return_weights:
-            context_vec, attn_weights = _causal_attention(
-                queries, keys, values, self.mask, num_cached, dropout_p, return_weights=True
+            context_vec, attn_weights = attn_functional.scaled_dot_product_attention(
+                queries, keys, values, attn_mask=allowed, dropout_p=dropout_p, return_weights=True
             )  # (b, num_heads, num_tokens, head_dim), (b, num_heads, num_tokens, N_kv)
-        else:
-            context_vec = _causal_attention(
-                queries, keys, values, self.mask, num_cached, dropout_p, return_weights=False
+        elif num_cached == 0:
+            context_vec = F.scaled_dot_product_attention(
+                queries, keys, values, dropout_p=dropout_p, is_causal=True
+            )  # (b, num_heads, num_tokens, head_dim)
+        else:  # after cached tokens: is_causal would align the mask top-left, so pass ours
+            context_vec = F.scaled_dot_product_attention(
+                queries, keys, values, attn_mask=allowed, dropout_p=dropout_p
             )  # (b, num_heads, num_tokens, head_dim)
 
         # Put the heads back side by side: reshape copies, as the transpose is not contiguous.

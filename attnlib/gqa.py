@@ -23,11 +23,12 @@ from ._validation import check_bool as _check_bool
 from ._validation import check_dropout as _check_dropout
 from ._validation import check_input as _check_input
 from ._validation import check_positive_int as _check_positive_int
+from . import functional as attn_functional
 from .attention import (
-    _causal_attention,
     _fused_qkv_projection,
     _num_cached,
     _register_causal_mask,
+    _sdpa_shared_kv,
 )
 from .kv_cache import KVCache
 from .positional import RotaryPositionalEmbedding
@@ -213,10 +214,25 @@ class GroupedQueryAttention(nn.Module):
             # keys, values: (b, num_kv_groups, num_cached + num_tokens, head_dim)
 
         dropout_p = self.dropout_p if self.training else 0.0
-        out = _causal_attention(
-            queries, keys, values, self.mask, num_cached, dropout_p, return_weights
-        )  # context_vec (b, num_heads, num_tokens, head_dim) [, attn_weights]
-        context_vec, attn_weights = out if return_weights else (out, None)
+        num_tokens_kv = keys.shape[-2]  # num_cached + num_tokens
+        # New queries are the last positions: bottom-right rows of the causal mask.
+        allowed = self.mask[num_cached:num_tokens_kv, :num_tokens_kv]  # True = may attend
+        if return_weights:
+            # Give every query head its own copy of its group's key and value head.
+            keys = keys.repeat_interleave(self.group_size, dim=1)
+            # keys: (b, num_heads, num_tokens_kv, head_dim)
+            values = values.repeat_interleave(self.group_size, dim=1)
+            # values: (b, num_heads, num_tokens_kv, head_dim)
+            context_vec, attn_weights = attn_functional.scaled_dot_product_attention(
+                queries, keys, values, attn_mask=allowed, dropout_p=dropout_p, return_weights=True
+            )  # (b, num_heads, num_tokens, head_dim), (b, num_heads, num_tokens, N_kv)
+        else:  # torch shares the key/value heads itself (enable_gqa)
+            context_vec = _sdpa_shared_kv(
+                queries, keys, values,
+                attn_mask=None if num_cached == 0 else allowed,
+                is_causal=num_cached == 0,
+                dropout_p=dropout_p,
+            )  # (b, num_heads, num_tokens, head_dim)
         context_vec = context_vec.transpose(1, 2).reshape(b, num_tokens, self.d_out)
         # context_vec: (b, num_tokens, d_out)
         context_vec = self.out_proj(context_vec)  # (b, num_tokens, d_out)
