@@ -34,13 +34,14 @@ import torch.nn as nn
 
 from ._validation import check_bool, check_dropout, check_positive_int, type_name
 from .attention import MultiHeadAttention
+from .gqa import GroupedQueryAttention
 from .kv_cache import KVCache
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 
 __all__ = ["POSITIONAL_CHOICES", "TransformerBlock", "TinyTransformer"]
 
 #: The values :class:`TinyTransformer` accepts for ``positional``.
-POSITIONAL_CHOICES = ("learned", "sinusoidal")
+POSITIONAL_CHOICES = ("learned", "sinusoidal", "rope")
 
 
 class TransformerBlock(nn.Module):
@@ -61,10 +62,15 @@ class TransformerBlock(nn.Module):
             attention-only block).
         dropout: keyword-only; dropout on the attention weights, in ``[0, 1)``.
             Default 0.0.
+        rope: keyword-only; rotate each head's queries and keys by their
+            positions (RoPE). Default ``False``.
 
     Attributes:
         norm_1: ``nn.LayerNorm(d_model)`` before the attention.
-        attn: the :class:`attnlib.MultiHeadAttention` (causal).
+        attn: the causal attention: an :class:`attnlib.MultiHeadAttention`, or
+            with ``rope=True`` an :class:`attnlib.GroupedQueryAttention` with
+            ``num_kv_groups = num_heads`` (that is, multi-head attention) and
+            ``rope=True``.
         norm_2, mlp: ``nn.LayerNorm(d_model)`` and the MLP, or None for both.
 
     Shape:
@@ -72,9 +78,11 @@ class TransformerBlock(nn.Module):
         - Output: the same shape.
 
     Raises:
-        TypeError: a size is not an int or ``dropout`` is not a float.
+        TypeError: a size is not an int, ``dropout`` is not a float, or
+            ``rope`` is not a bool.
         ValueError: a size is not positive, ``d_model`` is not divisible by
-            ``num_heads``, or ``dropout`` is outside ``[0, 1)``.
+            ``num_heads``, ``dropout`` is outside ``[0, 1)``, or with
+            ``rope=True`` the head size ``d_model // num_heads`` is odd.
 
     Source: Vaswani et al. (2017), "Attention Is All You Need", section 3.1
     (residual connections around each sub-layer); Xiong et al. (2020), "On
@@ -90,6 +98,7 @@ class TransformerBlock(nn.Module):
         *,
         d_ff: int | None = None,
         dropout: float = 0.0,
+        rope: bool = False,
     ) -> None:
         check_positive_int("d_model", d_model)
         check_positive_int("context_length", context_length)
@@ -97,13 +106,24 @@ class TransformerBlock(nn.Module):
         if d_ff is not None:
             check_positive_int("d_ff", d_ff)
         check_dropout(dropout)
+        check_bool("rope", rope)
         if d_model % num_heads != 0:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+        if rope and (d_model // num_heads) % 2 != 0:
+            raise ValueError(
+                f"RoPE rotates pairs of features, so head_dim = d_model // num_heads = "
+                f"{d_model // num_heads} must be even (d_model={d_model}, num_heads={num_heads})"
+            )
         super().__init__()
         self.d_model = d_model
         self.d_ff = d_ff
         self.norm_1 = nn.LayerNorm(d_model)
-        self.attn = MultiHeadAttention(d_model, d_model, context_length, dropout, num_heads)
+        if rope:
+            self.attn = GroupedQueryAttention(
+                d_model, d_model, context_length, dropout, num_heads, num_heads, rope=True
+            )
+        else:
+            self.attn = MultiHeadAttention(d_model, d_model, context_length, dropout, num_heads)
         if d_ff is None:
             self.norm_2 = None
             self.mlp = None
@@ -179,12 +199,15 @@ class TinyTransformer(nn.Module):
             per position, :class:`attnlib.positional.LearnedPositionalEmbedding`)
             or ``"sinusoidal"`` (the fixed table of
             :class:`attnlib.positional.SinusoidalPositionalEncoding`), added to
-            the token embeddings.
+            the token embeddings; or ``"rope"``: nothing is added, and every
+            attention layer rotates its queries and keys instead
+            (:class:`attnlib.positional.RotaryPositionalEmbedding`), so the
+            scores depend only on relative positions.
         dropout: keyword-only; dropout on the attention weights. Default 0.0.
 
     Attributes:
         tok_emb: ``nn.Embedding(vocab_size, d_model)``.
-        pos_emb: the positional module.
+        pos_emb: the positional module, or None with ``positional="rope"``.
         blocks: ``nn.ModuleList`` of ``num_layers`` :class:`TransformerBlock`.
         final_norm: ``nn.LayerNorm(d_model)``.
         out_head: the unembedding, ``nn.Linear(d_model, vocab_size, bias=False)``.
@@ -194,13 +217,15 @@ class TinyTransformer(nn.Module):
             ``positional`` is not a str, or ``dropout`` is not a float.
         ValueError: a size is not positive, ``d_model`` is not divisible by
             ``num_heads``, ``positional`` is not one of
-            :data:`POSITIONAL_CHOICES`, or ``dropout`` is outside ``[0, 1)``.
+            :data:`POSITIONAL_CHOICES`, ``dropout`` is outside ``[0, 1)``, or
+            with ``positional="rope"`` the head size is odd.
 
     Source: Radford et al. (2019), "Language Models are Unsupervised Multitask
     Learners", section 2.3 (GPT-2: a decoder-only transformer with layer
     normalisation at the input of each sub-block and after the last block);
     Elhage et al. (2021), "A Mathematical Framework for Transformer Circuits"
-    (attention-only models and the residual stream).
+    (attention-only models and the residual stream); Su et al. (2021),
+    "RoFormer", section 3.4 (RoPE).
     """
 
     def __init__(
@@ -231,6 +256,12 @@ class TinyTransformer(nn.Module):
         check_dropout(dropout)
         if d_model % num_heads != 0:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+        rope = positional == "rope"
+        if rope and (d_model // num_heads) % 2 != 0:
+            raise ValueError(
+                f"RoPE rotates pairs of features, so head_dim = d_model // num_heads = "
+                f"{d_model // num_heads} must be even (d_model={d_model}, num_heads={num_heads})"
+            )
         super().__init__()
         self.vocab_size = vocab_size
         self.context_length = context_length
@@ -241,10 +272,14 @@ class TinyTransformer(nn.Module):
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         if positional == "learned":
             self.pos_emb = LearnedPositionalEmbedding(context_length, d_model)
-        else:
+        elif positional == "sinusoidal":
             self.pos_emb = SinusoidalPositionalEncoding(d_model, context_length)
+        else:
+            self.pos_emb = None
         self.blocks = nn.ModuleList(
-            TransformerBlock(d_model, context_length, num_heads, d_ff=d_ff, dropout=dropout)
+            TransformerBlock(
+                d_model, context_length, num_heads, d_ff=d_ff, dropout=dropout, rope=rope
+            )
             for _ in range(num_layers)
         )
         self.final_norm = nn.LayerNorm(d_model)
@@ -282,6 +317,8 @@ class TinyTransformer(nn.Module):
 
     def _add_positions(self, x: torch.Tensor, start: int) -> torch.Tensor:
         """``x`` plus the positional vectors of positions ``start .. start + num_tokens - 1``."""
+        if self.positional == "rope":  # the attention layers rotate queries and keys
+            return x
         positions = torch.arange(start, start + x.shape[1], device=x.device)  # (num_tokens,)
         if self.positional == "learned":
             table = self.pos_emb.embedding(positions)  # (num_tokens, d_model)

@@ -48,7 +48,7 @@ def test_logits_and_weights_shapes():
     num_tokens=st.integers(1, 9),
     num_heads=st.sampled_from([1, 2, 4]),
     num_layers=st.integers(1, 3),
-    positional=st.sampled_from(["learned", "sinusoidal"]),
+    positional=st.sampled_from(["learned", "sinusoidal", "rope"]),
 )
 def test_shapes_property(batch, num_tokens, num_heads, num_layers, positional):
     model = make_model(d_model=8, num_heads=num_heads, num_layers=num_layers,
@@ -58,10 +58,11 @@ def test_shapes_property(batch, num_tokens, num_heads, num_layers, positional):
     assert [w.shape for w in weights] == [(batch, num_heads, num_tokens, num_tokens)] * num_layers
 
 
+@pytest.mark.parametrize("positional", ["learned", "rope"])
 @pytest.mark.parametrize("d_ff", [None, 24])
 @pytest.mark.parametrize("t", [0, 3, 8])
-def test_causality_changing_token_t_leaves_earlier_logits_unchanged(d_ff, t):
-    model = make_model(d_ff=d_ff)
+def test_causality_changing_token_t_leaves_earlier_logits_unchanged(d_ff, t, positional):
+    model = make_model(d_ff=d_ff, positional=positional)
     idx = tokens(2, 9)
     changed = idx.clone()
     changed[:, t] = (changed[:, t] + 1) % 11
@@ -72,7 +73,9 @@ def test_causality_changing_token_t_leaves_earlier_logits_unchanged(d_ff, t):
 
 def recompute_from_weights(model, idx, weights):
     """The model's forward, with each layer's attention taken from ``weights``."""
-    x = model.pos_emb(model.tok_emb(idx))
+    x = model.tok_emb(idx)
+    if model.pos_emb is not None:  # (with RoPE the attention rotates queries and keys)
+        x = model.pos_emb(x)
     b, n, _ = x.shape
     for block, attn_weights in zip(model.blocks, weights, strict=True):
         attn = block.attn
@@ -85,9 +88,10 @@ def recompute_from_weights(model, idx, weights):
     return model.out_head(model.final_norm(x))
 
 
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal", "rope"])
 @pytest.mark.parametrize("d_ff", [None, 16])
-def test_returned_weights_are_the_weights_applied(d_ff):
-    model = make_model(d_ff=d_ff, num_layers=3)
+def test_returned_weights_are_the_weights_applied(d_ff, positional):
+    model = make_model(d_ff=d_ff, num_layers=3, positional=positional)
     idx = tokens(3, 8)
     logits, weights = model(idx, return_weights=True)
     torch.testing.assert_close(recompute_from_weights(model, idx, weights), logits)
@@ -125,6 +129,28 @@ def test_sinusoidal_positions_have_no_parameters():
     n_learned = sum(p.numel() for p in learned.parameters())
     n_fixed = sum(p.numel() for p in fixed.parameters())
     assert n_learned - n_fixed == 9 * 12
+
+
+def test_rope_uses_multi_head_attention_with_rotations_and_no_position_table():
+    model = make_model(positional="rope")
+    assert model.pos_emb is None
+    for block in model.blocks:
+        assert isinstance(block.attn, attnlib.GroupedQueryAttention)
+        assert block.attn.num_kv_groups == block.attn.num_heads == 3
+        assert isinstance(block.attn.rope, attnlib.RotaryPositionalEmbedding)
+    n_learned = sum(p.numel() for p in make_model().parameters())
+    assert n_learned - sum(p.numel() for p in model.parameters()) == 9 * 12
+
+
+def test_rope_knows_only_relative_positions():
+    # One token repeated: every query sees the same values, and RoPE's scores depend
+    # only on offsets, so every position gets the same logits. Learned absolute
+    # positions tell the positions apart.
+    idx = torch.full((1, 6), 3)
+    rope_logits = make_model(positional="rope")(idx)
+    torch.testing.assert_close(rope_logits, rope_logits[:, :1].expand(1, 6, 11))
+    learned_logits = make_model()(idx)
+    assert (learned_logits[0, 0] - learned_logits[0, 5]).abs().max() > 1e-3
 
 
 def test_position_matters():
@@ -173,6 +199,7 @@ def test_return_weights_must_be_bool():
         ({"num_layers": 0}, ValueError, "num_layers"),
         ({"d_ff": 0}, ValueError, "d_ff"),
         ({"positional": "rotary!"}, ValueError, "positional must be one of"),
+        ({"positional": "rope", "d_model": 9}, ValueError, "head_dim = d_model // num_heads = 3"),
         ({"positional": 1}, TypeError, "positional must be a str"),
         ({"dropout": 1.0}, ValueError, "dropout"),
         ({"vocab_size": 2.5}, TypeError, "vocab_size must be an int"),
@@ -186,7 +213,7 @@ def test_constructor_errors(kwargs, error, match):
 # ---------------------------------------------------------------- KV cache and generation
 
 
-@pytest.mark.parametrize("positional", ["learned", "sinusoidal"])
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal", "rope"])
 def test_chunks_through_kv_caches_equal_one_forward(positional):
     model = make_model(positional=positional, d_ff=16)
     idx = tokens(2, 9)
@@ -210,9 +237,10 @@ def test_a_cache_needs_the_right_positions():
     assert (alone[:, 0] - full[:, 5]).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal", "rope"])
 @pytest.mark.parametrize("d_ff", [None, 16])
-def test_generate_with_and_without_cache_agree(d_ff):
-    model = make_model(d_ff=d_ff, vocab_size=7, context_length=12)
+def test_generate_with_and_without_cache_agree(d_ff, positional):
+    model = make_model(d_ff=d_ff, vocab_size=7, context_length=12, positional=positional)
     prompt = tokens(3, 4, vocab_size=7)
     with_cache = model.generate(prompt, 8)
     without = model.generate(prompt, 8, use_cache=False)
@@ -251,3 +279,10 @@ def test_cache_overflow_and_mismatched_caches_are_errors():
     model.blocks[0](torch.zeros(1, 2, 12), kv_cache=other[0])
     with pytest.raises(ValueError, match="different numbers of tokens"):
         model(tokens(1, 1), kv_caches=other)
+
+
+def test_block_rope_errors():
+    with pytest.raises(ValueError, match="head_dim = d_model // num_heads = 3 must be even"):
+        TransformerBlock(6, 4, 2, rope=True)
+    with pytest.raises(TypeError, match="rope must be a bool"):
+        TransformerBlock(8, 4, 2, rope=1)
