@@ -30,6 +30,7 @@ SINGLEHTML = BUILD / "_build" / "singlehtml" / "intro.html"
 PDF = ROOT / "_build" / "pdf" / "book.pdf"
 CHROMIUM = Path(os.environ.get("ATTNLIB_CHROMIUM", "/usr/bin/chromium"))
 HIDDEN = {"remove-cell", "remove-input"}
+QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
 
 
 def toc_files() -> list[str]:
@@ -47,8 +48,9 @@ def chapter_notebooks() -> list[Path]:
 
 
 def squash(text: str) -> str:
-    """Text without whitespace or ligatures: wrapping a line must not change it."""
-    return re.sub(r"\s+", "", unicodedata.normalize("NFKC", text))
+    """Text without whitespace, ligatures or curly quotes: wrapping must not change it."""
+    text = unicodedata.normalize("NFKC", text).translate(QUOTES)
+    return re.sub(r"\s+", "", text)
 
 
 @pytest.fixture(scope="module")
