@@ -35,6 +35,8 @@ numbers, are the book's.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -83,6 +85,47 @@ def _keep_own_mask(
         state_dict[key] = module.mask
 
 
+def _pack_qkv(W_query: nn.Linear, W_key: nn.Linear, W_value: nn.Linear) -> None:
+    """Store the three weights (and biases) side by side in one tensor each.
+
+    Each parameter stays its own ``nn.Parameter`` (same object, same values,
+    same ``state_dict`` key, its own gradient); only its storage becomes a
+    slice of a shared ``(d_q + 2 * d_kv, d_in)`` tensor, so that the fast path
+    can read the stacked weight without copying it (see
+    :func:`_fused_qkv_projection`). ``.to()``, ``.double()`` and the like give
+    parameters new storage; the modules call this again after them.
+    """
+    layers = (W_query, W_key, W_value)
+    for name in ("weight", "bias"):
+        params = [getattr(layer, name) for layer in layers]
+        if any(p is None for p in params):
+            continue
+        with torch.no_grad():
+            packed = torch.cat([p.detach() for p in params], dim=0)  # (d_q + 2 * d_kv, ...)
+        start = 0
+        for p in params:
+            p.data = packed[start : start + p.shape[0]]  # same Parameter, new storage
+            start += p.shape[0]
+
+
+def _stacked_view(params: list[torch.Tensor]) -> torch.Tensor | None:
+    """``torch.cat(params)`` as a view, if they lie side by side in one storage; else None."""
+    first = params[0]
+    storage, offset = first.untyped_storage().data_ptr(), first.storage_offset()
+    for p in params:
+        if (
+            p.dtype != first.dtype
+            or not p.is_contiguous()
+            or p.untyped_storage().data_ptr() != storage
+            or p.storage_offset() != offset
+        ):
+            return None
+        offset += p.numel()
+    shape = (sum(p.shape[0] for p in params), *first.shape[1:])
+    strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))  # contiguous
+    return first.as_strided(shape, strides, first.storage_offset())
+
+
 def _fused_qkv_projection(
     x: torch.Tensor, W_query: nn.Linear, W_key: nn.Linear, W_value: nn.Linear
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -91,21 +134,33 @@ def _fused_qkv_projection(
     The three weights are stacked into one ``(d_q + 2 * d_kv, d_in)`` matrix
     (and the biases into one vector) and applied with a single
     :func:`torch.nn.functional.linear`: one large GEMM instead of three
-    smaller ones. The stacking is differentiable (``torch.cat``), so each of
-    ``W_query``, ``W_key`` and ``W_value`` still receives its own gradient, and
-    it is redone on every call, so an update of a parameter (in place or not)
-    is always seen.
+    smaller ones. When gradients are needed the stacking is ``torch.cat``,
+    which is differentiable, so each of ``W_query``, ``W_key`` and ``W_value``
+    receives its own gradient. Without gradients (``torch.no_grad``,
+    inference mode, frozen weights) the stack is read in place from the
+    storage that :func:`_pack_qkv` gave the three parameters, with no copy;
+    either way the current values of the parameters are used.
 
     Returns:
         ``(queries, keys, values)``: ``(..., num_tokens, d_q)``,
         ``(..., num_tokens, d_kv)``, ``(..., num_tokens, d_kv)``; views into
         the one projected tensor.
     """
-    weight = torch.cat([W_query.weight, W_key.weight, W_value.weight], dim=0)
+    layers = (W_query, W_key, W_value)
+    needs_grad = torch.is_grad_enabled() and any(
+        p.requires_grad for layer in layers for p in layer.parameters()
+    )
+    weights = [layer.weight for layer in layers]
+    weight = None if needs_grad else _stacked_view(weights)
+    if weight is None:
+        weight = torch.cat(weights, dim=0)
     # weight: (d_q + 2 * d_kv, d_in)
     bias = None
     if W_query.bias is not None:
-        bias = torch.cat([W_query.bias, W_key.bias, W_value.bias], dim=0)  # (d_q + 2 * d_kv,)
+        biases = [layer.bias for layer in layers]
+        bias = None if needs_grad else _stacked_view(biases)
+        if bias is None:
+            bias = torch.cat(biases, dim=0)  # (d_q + 2 * d_kv,)
     qkv = F.linear(x, weight, bias)  # (..., num_tokens, d_q + 2 * d_kv)
     sizes = [W_query.out_features, W_key.out_features, W_value.out_features]
     queries, keys, values = qkv.split(sizes, dim=-1)
@@ -557,7 +612,8 @@ class MultiHeadAttention(nn.Module):
     * fast (default): one fused projection (the weights of ``W_query``,
       ``W_key`` and ``W_value`` stacked into a single ``(3 * d_out, d_in)``
       matrix, so one GEMM instead of three; each of the three ``nn.Linear``
-      layers still gets its own gradient), then
+      layers still gets its own gradient, and the three weights are stored
+      side by side so that without gradients the stack needs no copy), then
       :func:`torch.nn.functional.scaled_dot_product_attention` with
       ``is_causal=True``, a fused kernel that never stores the
       ``(num_tokens, num_tokens)`` weights;
@@ -670,7 +726,14 @@ class MultiHeadAttention(nn.Module):
         self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.out_proj = nn.Linear(d_out, d_out, bias=out_bias)
+        _pack_qkv(self.W_query, self.W_key, self.W_value)  # side by side, for the fast path
         _register_causal_mask(self, context_length)
+
+    def _apply(self, *args, **kwargs):
+        # .to(), .double(), .cuda() give each parameter new storage: pack them again.
+        module = super()._apply(*args, **kwargs)
+        _pack_qkv(self.W_query, self.W_key, self.W_value)
+        return module
 
     def forward(
         self,

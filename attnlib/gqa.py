@@ -27,6 +27,7 @@ from . import functional as attn_functional
 from .attention import (
     _fused_qkv_projection,
     _num_cached,
+    _pack_qkv,
     _register_causal_mask,
     _sdpa_shared_kv,
 )
@@ -150,7 +151,14 @@ class GroupedQueryAttention(nn.Module):
             if rope
             else None
         )
+        _pack_qkv(self.W_query, self.W_key, self.W_value)  # side by side, for the fast path
         _register_causal_mask(self, self.context_length)
+
+    def _apply(self, *args, **kwargs):
+        # .to(), .double(), .cuda() give each parameter new storage: pack them again.
+        module = super()._apply(*args, **kwargs)
+        _pack_qkv(self.W_query, self.W_key, self.W_value)
+        return module
 
     def forward(
         self,

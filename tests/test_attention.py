@@ -285,6 +285,66 @@ def test_mha_fast_path_sees_a_parameter_changed_in_place():
     assert not torch.allclose(before, after)
 
 
+def _packed(module) -> bool:
+    ws = [module.W_query.weight, module.W_key.weight, module.W_value.weight]
+    ptr = ws[0].untyped_storage().data_ptr()
+    offsets = [w.storage_offset() for w in ws]
+    return all(w.untyped_storage().data_ptr() == ptr for w in ws) and offsets == [
+        0, ws[0].numel(), ws[0].numel() + ws[1].numel()
+    ]
+
+
+def test_mha_keeps_its_three_weights_side_by_side_through_to_and_loading():
+    torch.manual_seed(14)
+    mha = MultiHeadAttention(5, 6, 4, 0.0, num_heads=2, qkv_bias=True)
+    torch.manual_seed(14)
+    reference = [nn.Linear(5, 6, bias=True) for _ in range(3)]  # the book's creation order
+    assert torch.equal(mha.W_key.weight, reference[1].weight)  # packing kept the values
+    assert _packed(mha)
+    mha.double()
+    assert _packed(mha) and mha.W_value.weight.dtype == torch.float64
+    other = MultiHeadAttention(5, 6, 4, 0.0, num_heads=2, qkv_bias=True).double()
+    other.load_state_dict(mha.state_dict())
+    assert _packed(other) and torch.equal(other.W_value.bias, mha.W_value.bias)
+
+
+def test_mha_fast_path_without_gradients_reads_the_weights_without_copying(monkeypatch):
+    torch.manual_seed(15)
+    mha = MultiHeadAttention(6, 8, 5, 0.0, num_heads=2, qkv_bias=True).eval()
+    x = torch.randn(2, 5, 6)
+    expected = mha(x, return_weights=True)[0]
+    calls = []
+    real_cat = torch.cat
+
+    def counting_cat(*args, **kwargs):
+        calls.append(1)
+        return real_cat(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "cat", counting_cat)
+    with torch.no_grad():
+        out = mha(x)
+        mha.W_key.weight.data.mul_(3.0)  # an edit the stacked view must see
+        out_edited = mha(x)
+    assert calls == []
+    assert_close(out, expected, atol=1e-6, rtol=1e-5)
+    monkeypatch.setattr(torch, "cat", real_cat)
+    assert_close(out_edited, mha(x, return_weights=True)[0], atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(out, out_edited)
+
+
+def test_mha_fast_path_is_right_when_the_weights_are_not_side_by_side():
+    import copy
+
+    torch.manual_seed(16)
+    mha = MultiHeadAttention(6, 8, 5, 0.0, num_heads=2).eval()
+    unpacked = copy.deepcopy(mha)  # deepcopy clones each parameter on its own
+    unpacked.W_key.weight = nn.Parameter(unpacked.W_key.weight.detach().clone())
+    assert not _packed(unpacked)
+    x = torch.randn(2, 5, 6)
+    with torch.no_grad():
+        assert_close(unpacked(x), mha(x), atol=1e-6, rtol=1e-5)
+
+
 def test_mha_fast_and_readable_paths_agree_in_train_mode_without_dropout():
     torch.manual_seed(2)
     mha = MultiHeadAttention(8, 8, 16, 0.0, num_heads=2)

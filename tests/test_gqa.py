@@ -220,3 +220,21 @@ def test_fast_path_without_enable_gqa_falls_back_to_repeat_interleave(monkeypatc
     cache = KVCache()
     chunks = [m(x[:, :4], kv_cache=cache), m(x[:, 4:], kv_cache=cache)]
     assert_close(torch.cat(chunks, dim=1), expected, atol=1e-12, rtol=1e-10)
+
+
+def test_fast_path_without_gradients_stacks_the_weights_without_copying(monkeypatch):
+    m = _gqa(seed=9, qkv_bias=True)  # .double() after building: packed again
+    x = torch.randn(2, 6, 10, dtype=torch.float64)
+    expected = _reference(m, x)
+    calls = []
+    real_cat = torch.cat
+
+    def counting_cat(*args, **kwargs):
+        calls.append(1)
+        return real_cat(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "cat", counting_cat)
+    with torch.no_grad():
+        out = m(x)
+    assert calls == []
+    assert_close(out, expected, atol=1e-12, rtol=1e-10)
