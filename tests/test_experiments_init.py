@@ -210,3 +210,13 @@ def test_train_marked_token_refuses_bad_arguments(kwargs, error, match):
     arguments = {"init": "nn.Linear", "num_steps": 1} | kwargs
     with pytest.raises(error, match=match):
         train_marked_token(**arguments)
+
+
+def test_training_runs_on_one_thread_and_restores_the_thread_count():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        train_marked_token("nn.Linear", seeds=[0], num_steps=2)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
