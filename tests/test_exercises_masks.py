@@ -58,7 +58,15 @@ def test_check_causal_mask_accepts_an_index_comparison():
             ~torch.tril(torch.ones(n, n, dtype=torch.bool)), float("-inf")),
                      "additive float mask", id="additive-mask"),
         pytest.param(lambda n: torch.tril(torch.ones(6, 6, dtype=torch.bool)),
-                     r"returned shape \(6, 6\); expected \(5, 5\)", id="fixed-size"),
+                     r"returned shape \(6, 6\); expected \(5, 5\), and fn\(8\) has the same "
+                     "shape: the size is fixed", id="fixed-size"),
+        pytest.param(lambda n: torch.tril(torch.ones(n, n, dtype=torch.bool))[None],
+                     r"returned shape \(1, 5, 5\); expected \(5, 5\): a 2-D mask.*Leave out "
+                     "any batch or head dimension", id="extra-dimension"),
+        pytest.param(lambda n: torch.tril(torch.ones(n, n + 1, dtype=torch.bool)),
+                     "the mask must be square", id="not-square"),
+        pytest.param(lambda n: torch.tril(torch.ones(n + 1, n + 1, dtype=torch.bool)),
+                     r"off by \+1", id="off-by-one"),
         pytest.param(lambda n: torch.ones(n, dtype=torch.bool),
                      r"returned shape \(5,\); expected \(5, 5\)", id="wrong-shape"),
     ],
@@ -162,7 +170,9 @@ def make_causal(mistake):
             n = x.shape[1]
             queries, keys, values = self.W_query(x), self.W_key(x), self.W_value(x)
             scores = queries @ keys.transpose(1, 2)
-            allowed = self.mask[:n, :n]
+            if mistake == "dropout_on_scores":
+                scores = nn.functional.dropout(scores, self.p, training=self.training)
+            allowed = self.mask if mistake == "mask_not_cut" else self.mask[:n, :n]
             if mistake == "flipped_mask":
                 scores = scores.masked_fill(allowed, float("-inf"))
             elif mistake == "no_diagonal":
@@ -172,9 +182,13 @@ def make_causal(mistake):
             elif mistake not in ("no_mask", "mask_after_softmax"):
                 scores = scores.masked_fill(~allowed, float("-inf"))
             d_k = keys.shape[-1]
-            scale = {"not_scaled": 1.0, "divided_by_d_k": d_k}.get(mistake, d_k**0.5)
+            scale = {"not_scaled": 1.0, "divided_by_d_k": d_k, "multiplied": d_k**-0.5,
+                     "scaled_by_d_in": x.shape[-1] ** 0.5,
+                     "scaled_by_num_tokens": keys.shape[1] ** 0.5}.get(mistake, d_k**0.5)
             dim = -2 if mistake == "softmax_dim" else -1
             weights = torch.softmax(scores / scale, dim=dim)
+            if mistake == "scale_after_softmax":
+                weights = torch.softmax(scores, dim=-1) / d_k**0.5
             if mistake == "mask_after_softmax":
                 weights = weights * allowed
             if mistake == "only_last_token_leaks":
@@ -187,9 +201,16 @@ def make_causal(mistake):
                 weights = weights * keep if self.training else weights
             elif mistake == "dropout_in_eval":
                 weights = nn.functional.dropout(weights, self.p, training=True)
-            elif mistake != "no_dropout":
+            elif mistake == "dropout_keep_probability":
+                weights = nn.functional.dropout(weights, 1 - self.p, training=self.training)
+            elif mistake == "dropout_on_values":
+                values = nn.functional.dropout(values, self.p, training=self.training)
+            elif mistake not in ("no_dropout", "dropout_on_output", "dropout_on_scores"):
                 weights = nn.functional.dropout(weights, self.p, training=self.training)
-            return weights @ values
+            out = weights @ values
+            if mistake == "dropout_on_output":
+                out = nn.functional.dropout(out, self.p, training=self.training)
+            return out
 
     Wrong.__name__ = f"Causal_{mistake}"
     return Wrong
@@ -214,6 +235,12 @@ def test_check_causal_attention_accepts_the_correct_variant_of_the_test_class():
     [
         ("not_scaled", "scores are not scaled"),
         ("divided_by_d_k", "divided by d_k instead of sqrt"),
+        ("multiplied", "MULTIPLIED by sqrt\\(d_k\\) instead of divided"),
+        ("scaled_by_d_in", r"divided by sqrt\(d_in\) = sqrt\(5\), the size of the INPUTS"),
+        ("scaled_by_num_tokens", r"divided by sqrt\(num_tokens\) = sqrt\(7\).*keys.shape\[1\]"),
+        ("scale_after_softmax", "WEIGHTS are divided by sqrt\\(d_k\\), after the softmax"),
+        ("mask_not_cut", r"works with num_tokens = context_length = 8 but not with 7 tokens.*"
+                         r"self.mask\[:num_tokens, :num_tokens\]"),
         ("softmax_dim", "softmax runs over the wrong dimension"),
         ("no_mask", "there is no causal mask"),
         ("flipped_mask", "polarity is flipped"),
@@ -227,11 +254,43 @@ def test_check_causal_attention_accepts_the_correct_variant_of_the_test_class():
         ("dropout_one_over_p", "scaled by 1/p = 5 instead of 1/\\(1-p\\) = 1.25"),
         ("dropout_not_scaled", "not scaled by 1/\\(1-p\\)"),
         ("dropout_in_eval", "dropout must be off after module.eval"),
+        ("dropout_on_values", "its features are zeroed one by one"),
+        ("dropout_on_output", "its features are zeroed one by one"),
+        ("dropout_on_scores", "never zeroed.*Dropout on the scores, before the softmax"),
+        ("dropout_keep_probability", "drops [78][0-9]% of the attention weights instead of "
+                                     "p = 20%.*not 1 - dropout"),
     ],
 )
 def test_check_causal_attention_names_each_wrong_answer(mistake, named):
     with pytest.raises(CheckFailed, match=named):
         check_causal_attention(make_causal(mistake))
+
+
+def test_check_causal_attention_names_nan_with_its_positions():
+    class NanFromRowOne(BookCausalAttention):
+        def forward(self, x):
+            out = super().forward(x).clone()
+            out[:, 1] = float("nan")
+            return out
+
+    with pytest.raises(CheckFailed, match=r"gives nan at positions \[1\]\. The softmax"):
+        check_causal_attention(NanFromRowOne)
+
+
+def test_check_causal_attention_scale_by_batch_cannot_pass():
+    """The probe's batch differs from d_out, so keys.shape[0] is not d_k by accident."""
+
+    class ScaledByBatch(BookCausalAttention):
+        def forward(self, x):
+            queries, keys, values = self.W_query(x), self.W_key(x), self.W_value(x)
+            n = x.shape[1]
+            scores = (queries @ keys.transpose(1, 2)).masked_fill(
+                ~self.mask[:n, :n], float("-inf"))
+            weights = self.dropout(torch.softmax(scores / keys.shape[0] ** 0.5, dim=-1))
+            return weights @ values
+
+    with pytest.raises(CheckFailed, match="differs from the reference causal attention"):
+        check_causal_attention(ScaledByBatch)
 
 
 @pytest.mark.parametrize(

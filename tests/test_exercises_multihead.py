@@ -74,6 +74,16 @@ def _no_merge(c):
     return c.transpose(1, 2)
 
 
+def _notebook_sizes(c):
+    b, num_tokens, d_out = 2, 6, 12  # the chapter's example, not the argument's sizes
+    return c.transpose(1, 2).reshape(b, num_tokens, d_out)
+
+
+def _notebook_d_out(c):
+    b, _, num_tokens, _ = c.shape
+    return c.transpose(1, 2).reshape(b, num_tokens, 12)  # 12: the chapter's d_out
+
+
 @pytest.mark.parametrize(
     ("wrong", "named"),
     [
@@ -84,6 +94,10 @@ def _no_merge(c):
         pytest.param(_in_place, "changed its input in place", id="in-place"),
         pytest.param(_no_merge, r"returned shape \(2, 5, 3, 4\); expected \(2, 5, 12\)",
                      id="not-merged"),
+        pytest.param(_notebook_sizes, "invalid for input of size 120\nRead b, num_heads, "
+                     "num_tokens and head_dim from context_vec.shape", id="notebook-sizes"),
+        pytest.param(_notebook_d_out, r"invalid for input of size 120\nRead b, num_heads",
+                     id="notebook-d-out"),
     ],
 )
 def test_check_merge_heads_names_each_wrong_answer(wrong, named):
@@ -172,15 +186,19 @@ def make_mha(mistake):
 
             q, k, v = split(self.W_query(x)), split(self.W_key(x)), split(self.W_value(x))
             scores = q @ k.transpose(2, 3)
-            allowed = self.mask[:n, :n]
+            if mistake == "dropout_on_scores":
+                scores = F.dropout(scores, self.p, training=self.training)
+            allowed = self.mask if mistake == "mask_not_cut" else self.mask[:n, :n]
             if mistake == "flipped_mask":
                 scores = scores.masked_fill(allowed, float("-inf"))
             elif mistake == "no_diagonal":
                 scores = scores.masked_fill(~torch.tril(allowed, diagonal=-1), float("-inf"))
             elif mistake != "no_mask":
                 scores = scores.masked_fill(~allowed, float("-inf"))
-            scale = {"not_scaled": 1.0, "scaled_by_d_out": self.d_out**0.5}.get(mistake, hd**0.5)
-            weights = torch.softmax(scores / scale, dim=-2 if mistake == "softmax_dim" else -1)
+            scale = {"not_scaled": 1.0, "scaled_by_d_out": self.d_out**0.5,
+                     "scaled_by_d_in": x.shape[-1] ** 0.5}.get(mistake, hd**0.5)
+            dim = {"softmax_dim": -2, "softmax_over_heads": 1}.get(mistake, -1)
+            weights = torch.softmax(scores / scale, dim=dim)
             if mistake == "only_last_token_leaks":
                 weights = weights.clone()
                 weights[:, :, :-1, -1] += 0.01
@@ -189,9 +207,14 @@ def make_mha(mistake):
                 weights = weights * keep / self.p if self.training and self.p else weights
             elif mistake == "dropout_in_eval":
                 weights = F.dropout(weights, self.p, training=True)
-            elif mistake != "no_dropout":
+            elif mistake == "dropout_keep_probability":
+                weights = F.dropout(weights, 1 - self.p, training=self.training)
+            elif mistake not in ("no_dropout", "dropout_on_context", "dropout_on_output",
+                                 "dropout_on_scores"):
                 weights = F.dropout(weights, self.p, training=self.training)
             context = weights @ v  # (b, h, n, hd)
+            if mistake == "dropout_on_context":
+                context = F.dropout(context, self.p, training=self.training)
             if mistake == "wrong_head_order":
                 context = context.flip(1)
             if mistake in ("merge_no_transpose", "split_and_merge_no_transpose"):
@@ -200,7 +223,12 @@ def make_mha(mistake):
                 context = context.transpose(1, 2).view(b, n, self.d_out)
             else:
                 context = context.transpose(1, 2).reshape(b, n, self.d_out)
-            return context if mistake == "no_out_proj" else self.out_proj(context)
+            if mistake == "no_out_proj":
+                return context
+            out = self.out_proj(context)
+            if mistake == "dropout_on_output":
+                out = F.dropout(out, self.p, training=self.training)
+            return out
 
     Wrong.__name__ = f"MHA_{mistake}"
     return Wrong
@@ -239,6 +267,10 @@ def test_the_checkers_reference_is_attnlib_multi_head_attention():
         ("scaled_by_d_out", r"scaled by 1/sqrt\(d_out\) = 1/sqrt\(6\).*instead of "
                             r"1/sqrt\(head_dim\) = 1/sqrt\(3\)"),
         ("softmax_dim", "softmax runs over the wrong dimension"),
+        ("softmax_over_heads", r"softmax runs over the heads \(dim=1"),
+        ("scaled_by_d_in", r"scaled by 1/sqrt\(d_in\) = 1/sqrt\(5\), the size of the INPUTS"),
+        ("mask_not_cut", r"works with num_tokens = context_length = 8 but not with 7 tokens.*"
+                         r"self.mask\[:num_tokens, :num_tokens\]"),
         ("no_mask", "there is no causal mask"),
         ("flipped_mask", "polarity is flipped"),
         ("no_diagonal", "hides the diagonal too"),
@@ -254,11 +286,37 @@ def test_the_checkers_reference_is_attnlib_multi_head_attention():
         ("no_dropout", "the attention weights are never dropped"),
         ("dropout_one_over_p", r"scaled by 1/p = 5 instead of 1/\(1-p\) = 1.25"),
         ("dropout_in_eval", "dropout must be off after module.eval"),
+        ("dropout_on_context", "features are zeroed one by one"),
+        ("dropout_on_output", "features are zeroed one by one"),
+        ("dropout_on_scores", "ever zeroed.*Dropout on the scores, before the softmax"),
+        ("dropout_keep_probability", "drops [78][0-9]% of the attention weights instead of "
+                                     "p = 20%.*not 1 - dropout"),
     ],
 )
 def test_check_multi_head_attention_names_each_wrong_answer(mistake, named):
     with pytest.raises(CheckFailed, match=named):
         check_multi_head_attention(make_mha(mistake))
+
+
+def test_check_multi_head_attention_names_head_dim_from_d_in():
+    class HeadDimFromDIn(BookMultiHeadAttention):
+        def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+            super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias)
+            self.head_dim = d_in // num_heads
+
+    with pytest.raises(CheckFailed, match="head_dim is d_out // num_heads"):
+        check_multi_head_attention(HeadDimFromDIn)
+
+
+def test_check_multi_head_attention_names_nan_with_its_positions():
+    class NanFromRowTwo(BookMultiHeadAttention):
+        def forward(self, x):
+            out = super().forward(x).clone()
+            out[:, 2] = float("nan")
+            return out
+
+    with pytest.raises(CheckFailed, match=r"gives nan at positions \[2\]\. The softmax"):
+        check_multi_head_attention(NanFromRowTwo)
 
 
 def test_check_multi_head_attention_names_a_wrapper_of_heads():
@@ -294,7 +352,7 @@ def test_check_multi_head_attention_names_a_wrong_output_shape():
         def forward(self, x):
             return super().forward(x)[..., :-1]
 
-    with pytest.raises(CheckFailed, match=r"returned shape \(3, 7, 5\); expected \(3, 7, 6\)"):
+    with pytest.raises(CheckFailed, match=r"returned shape \(4, 7, 5\); expected \(4, 7, 6\)"):
         check_multi_head_attention(PerHeadOutput)
 
 

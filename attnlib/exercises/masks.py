@@ -76,7 +76,8 @@ def check_causal_mask(fn, *, device=None) -> bool:
     Recognised wrong answers: the polarity flipped (True = blocked), the
     diagonal missing (strict lower triangle), the upper triangle instead of
     the lower, a float or int mask instead of bool (including an additive
-    mask of 0 and -inf), and a wrong shape.
+    mask of 0 and -inf), and a wrong shape (an extra batch dimension, not
+    square, or a fixed size).
 
     Args:
         fn: the learner's function, ``fn(num_tokens) -> Tensor``.
@@ -101,11 +102,7 @@ def check_causal_mask(fn, *, device=None) -> bool:
         out = call_answer(fn, num_tokens, what=what)
         shape = (num_tokens, num_tokens)
         if isinstance(out, torch.Tensor) and tuple(out.shape) != shape:
-            raise CheckFailed(
-                f"{what} returned shape {tuple(out.shape)}; expected {shape}: one row per query "
-                "and one column per key, num_tokens of each. Did you use a fixed size instead of "
-                "the argument num_tokens?"
-            )
+            _name_wrong_mask_shape(fn, out, num_tokens, what)
         out = require_tensor(out, what, shape)
         reference = _reference_mask(num_tokens, out.device)
         if out.dtype != torch.bool:
@@ -123,6 +120,35 @@ def check_causal_mask(fn, *, device=None) -> bool:
         )
     _use_mask_on_device(fn, device)
     return passed("a bool causal mask, True on and below the diagonal, at every size.")
+
+
+def _name_wrong_mask_shape(fn, out: torch.Tensor, num_tokens: int, what: str) -> None:
+    """A mask of the wrong shape: an extra dimension, not square, or a fixed size."""
+    shape = (num_tokens, num_tokens)
+    got = f"{what} returned shape {tuple(out.shape)}; expected {shape}"
+    if out.dim() != 2:
+        raise CheckFailed(
+            f"{got}: a 2-D mask, one row per query and one column per key. Leave out any batch "
+            "or head dimension: a (num_tokens, num_tokens) mask broadcasts over them when it "
+            "is used."
+        )
+    if out.shape[0] != out.shape[1]:
+        raise CheckFailed(
+            f"{got}: the mask must be square, one row per query and one column per key, "
+            "num_tokens of each."
+        )
+    other = num_tokens + 3
+    again = call_answer(fn, other, what=f"fn({other})")
+    if isinstance(again, torch.Tensor) and tuple(again.shape) == tuple(out.shape):
+        raise CheckFailed(
+            f"{got}, and fn({other}) has the same shape: the size is fixed. Use the argument "
+            "num_tokens, not a size from outside the function (such as a notebook variable or "
+            "context_length)."
+        )
+    raise CheckFailed(
+        f"{got}: one row per query and one column per key, exactly num_tokens of each "
+        f"(is the size off by {out.shape[0] - num_tokens:+d}?)."
+    )
 
 
 def _name_non_bool_mask(out: torch.Tensor, reference: torch.Tensor, what: str) -> None:
@@ -174,8 +200,9 @@ def _use_mask_on_device(fn, device: torch.device) -> None:
 # A causal attention module
 # ---------------------------------------------------------------------------
 
-#: Sizes of the module probe: d_in != d_out, batch > 1, several num_tokens.
-_D_IN, _D_OUT, _CONTEXT_LENGTH, _BATCH = 5, 3, 8, 3
+#: Sizes of the module probe: d_in != d_out, batch > 1, several num_tokens; the
+#: batch differs from d_out, so a scale read from the wrong dimension cannot pass.
+_D_IN, _D_OUT, _CONTEXT_LENGTH, _BATCH = 5, 3, 8, 2
 _NUM_TOKENS = (7, 4, 1, 8)
 #: Dropout probability of the dropout probe: 1/p = 5 and 1/(1-p) = 1.25 differ.
 _P = 0.2
@@ -257,12 +284,14 @@ def _causal_attention(
     scale: float | None = None,
     mask: str = "causal",
     softmax_dim: int = -1,
+    scale_after_softmax: bool = False,
 ) -> torch.Tensor:
     """The reference (defaults) and its typical wrong variants, in float64.
 
     ``mask``: ``"causal"``, ``"none"``, ``"flipped"``, ``"no_diagonal"``,
     ``"after_softmax"`` (weights zeroed, not renormalised) or ``"zero_fill"``
-    (forbidden scores set to 0 instead of -inf).
+    (forbidden scores set to 0 instead of -inf). ``scale_after_softmax``:
+    divide the weights, not the scores, by ``sqrt(d_k)``.
     """
     queries = _linear(x, weights, "W_query")  # (b, num_tokens, d_out)
     keys = _linear(x, weights, "W_key")  # (b, num_tokens, d_out)
@@ -270,7 +299,9 @@ def _causal_attention(
     num_tokens, d_k = x.shape[-2], keys.shape[-1]
     scale = 1.0 / math.sqrt(d_k) if scale is None else scale
     allowed = _reference_mask(num_tokens, x.device)
-    attn_scores = queries @ keys.transpose(-2, -1) * scale  # (b, num_tokens, num_tokens)
+    attn_scores = queries @ keys.transpose(-2, -1)  # (b, num_tokens, num_tokens)
+    if not scale_after_softmax:
+        attn_scores = attn_scores * scale
     if mask == "causal":
         attn_scores = attn_scores.masked_fill(~allowed, float("-inf"))
     elif mask == "flipped":
@@ -282,6 +313,8 @@ def _causal_attention(
     attn_weights = torch.softmax(attn_scores, dim=softmax_dim)
     if mask == "after_softmax":
         attn_weights = attn_weights * allowed
+    if scale_after_softmax:
+        attn_weights = attn_weights * scale
     return attn_weights @ values  # (b, num_tokens, d_out)
 
 
@@ -289,11 +322,24 @@ def _wrong_causal_attention(
     x: torch.Tensor, weights: dict[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
     d_k = _D_OUT
+    num_tokens = x.shape[-2]
     return {
         "the scores are not scaled: divide them by sqrt(d_k) = sqrt(d_out) before the softmax "
         "(d_k is the size of the keys, keys.shape[-1]).": _causal_attention(x, weights, scale=1.0),
         "the scores are divided by d_k instead of sqrt(d_k): use keys.shape[-1] ** 0.5.":
             _causal_attention(x, weights, scale=1.0 / d_k),
+        "the scores are MULTIPLIED by sqrt(d_k) instead of divided by it: use "
+        "attn_scores / keys.shape[-1] ** 0.5.": _causal_attention(x, weights, scale=d_k**0.5),
+        f"the scores are divided by sqrt(d_in) = sqrt({_D_IN}), the size of the INPUTS "
+        f"(x.shape[-1]), instead of sqrt(d_k) = sqrt(d_out) = sqrt({_D_OUT}), the size of the "
+        "keys: use keys.shape[-1] ** 0.5.": _causal_attention(x, weights, scale=_D_IN**-0.5),
+        f"the scores are divided by sqrt(num_tokens) = sqrt({num_tokens}) instead of sqrt(d_k): "
+        "for a batch, keys is (batch, num_tokens, d_out), so keys.shape[1] is the number of "
+        "tokens. Use keys.shape[-1], the last dimension.":
+            _causal_attention(x, weights, scale=num_tokens**-0.5),
+        "the attention WEIGHTS are divided by sqrt(d_k), after the softmax, so each row sums to "
+        "1/sqrt(d_k): divide the scores before the softmax.":
+            _causal_attention(x, weights, scale_after_softmax=True),
         "the softmax runs over the wrong dimension (dim=-2, over the queries): each ROW of "
         "weights, one query's weights over the keys, must sum to 1, so use dim=-1.":
             _causal_attention(x, weights, softmax_dim=-2),
@@ -328,6 +374,38 @@ def _forward(module: nn.Module, x: torch.Tensor, what: str) -> torch.Tensor:
     return require_tensor(out, what, (x.shape[0], x.shape[1], _D_OUT), device=x.device)
 
 
+def _forward_or_name_unsliced_mask(
+    module: nn.Module, x: torch.Tensor, what: str, device: torch.device
+) -> torch.Tensor:
+    """``module(x)``; if it fails only below ``context_length`` tokens, say why."""
+    try:
+        return _forward(module, x, what)
+    except CheckFailed as failure:
+        if x.shape[1] == _CONTEXT_LENGTH:
+            raise
+        try:
+            _forward(module, _probe_input(x.shape[0], _CONTEXT_LENGTH, 0, device), what)
+        except CheckFailed:
+            raise failure from None
+        raise CheckFailed(
+            f"{failure}\nYour module works with num_tokens = context_length = {_CONTEXT_LENGTH} "
+            f"but not with {x.shape[1]} tokens: the mask is (context_length, context_length). "
+            "Cut it to the input's length: self.mask[:num_tokens, :num_tokens]."
+        ) from None
+
+
+def _name_nan_output(out: torch.Tensor, what: str) -> None:
+    """An output with nan: name the rows (a softmax over a row that is all -inf)."""
+    nan_positions = out.isnan().any(dim=-1).any(dim=0).nonzero().flatten().tolist()
+    if nan_positions:
+        raise CheckFailed(
+            f"{what} gives nan at positions {nan_positions}. The softmax of a row of scores "
+            "that are all -inf is 0/0: every key of those queries is masked out. Check that "
+            "the mask keeps the diagonal, that -inf goes where the mask is False, and the "
+            "softmax's dim."
+        )
+
+
 def _check_no_future_leak(module: nn.Module, x: torch.Tensor, what: str) -> None:
     """Change token t: the outputs before t must not move."""
     num_tokens = x.shape[1]
@@ -343,6 +421,54 @@ def _check_no_future_leak(module: nn.Module, x: torch.Tensor, what: str) -> None
                 f"at positions before {t} by up to {moved:.3g}. Token i may only attend to tokens "
                 "0..i: fill the scores above the diagonal with -inf before the softmax."
             )
+
+
+def _dropout_site_problem(first_token: torch.Tensor, value: torch.Tensor) -> str | None:
+    """What is wrong with the dropout, seen in the first token's outputs; None if nothing.
+
+    The first token attends only to itself, with weight 1, so dropout on the
+    attention weights makes its context vector either 0 (the weight dropped,
+    with probability p) or ``c * value`` (kept and scaled by ``c``). Dropout on
+    the values, the context vectors or the output zeroes its features one by
+    one instead; dropout on the scores never zeroes it (the softmax of its one
+    remaining score is 1 again); ``nn.Dropout(1 - p)`` zeroes it with
+    probability 1 - p.
+
+    Args:
+        first_token: ``(draws, d)`` the first token's context vectors in training mode.
+        value: ``(d,)`` its value vector (its dropout-free context vector).
+    """
+    coefficient = first_token @ value / (value @ value)  # (draws,)
+    residual = (first_token - coefficient[:, None] * value).norm(dim=-1).amax()
+    if residual > 1e-6 * value.norm():
+        return (
+            "the first token's context vector is not what dropout on the attention weights "
+            "gives. That token attends only to itself, with weight 1, so dropping attention "
+            "weights either zeroes its whole context vector or scales the whole of it by "
+            "1/(1-p); in your module its features are zeroed one by one. Apply the dropout to "
+            "attn_weights right after the softmax, not to the values, the context vectors or "
+            "the output."
+        )
+    dropped = float((coefficient.abs() < 1e-9).double().mean())
+    if dropped == 0.0:
+        return (
+            "the first token's context vector is never zeroed, so its one attention weight "
+            "(1, on itself) is never dropped. Dropout on the scores, before the softmax, does "
+            "not cut a link: a dropped score becomes 0 and the softmax still gives it weight. "
+            "Apply the dropout to attn_weights, after the softmax."
+        )
+    if abs(dropped - (1 - _P)) < 0.05:
+        return (
+            f"your module drops {dropped:.0%} of the attention weights instead of "
+            f"p = {_P:.0%}: nn.Dropout(p) and torch.nn.functional.dropout take the "
+            "probability of DROPPING a weight, not of keeping it. Pass dropout, not 1 - dropout."
+        )
+    if abs(dropped - _P) > 0.05:
+        return (
+            f"your module drops {dropped:.0%} of the attention weights instead of "
+            f"p = {_P:.0%}: each weight must be dropped with probability p."
+        )
+    return None
 
 
 def _check_dropout(cls, device: torch.device, what: str) -> None:
@@ -361,6 +487,9 @@ def _check_dropout(cls, device: torch.device, what: str) -> None:
             "weights are never dropped. Apply self.dropout = nn.Dropout(dropout) to attn_weights "
             "in forward."
         )
+    problem = _dropout_site_problem(first[:, 0, :], reference[0, 0])
+    if problem is not None:
+        raise CheckFailed(f"with dropout={_P}, {problem}")
     mean = first.mean(dim=0)
     factor = float((mean * reference[0]).sum() / (reference[0] * reference[0]).sum())
     if abs(factor - 1.0) > 0.1:
@@ -401,17 +530,22 @@ def check_causal_attention(cls, *, device=None) -> bool:
 
     The checker builds the class with ``d_in=5, d_out=3, context_length=8``,
     gives it seeded float64 weights (with and without bias), and compares its
-    output with the reference for a batch of 3 and ``num_tokens`` = 7, 4, 1, 8;
+    output with the reference for a batch of 2 and ``num_tokens`` = 7, 4, 1, 8;
     it perturbs each token to find a future token leaking; and with
     ``dropout=0.2`` it compares the mean output in training mode over 4,000
     draws (1/(1-p) = 1.25 and 1/p = 5 differ) and the output in eval mode.
 
     Recognised wrong answers: scores not scaled, divided by ``d_k`` instead of
+    ``sqrt(d_k)``, multiplied by ``sqrt(d_k)``, divided by ``sqrt(d_in)`` or
+    ``sqrt(num_tokens)``, the weights (not the scores) divided by
     ``sqrt(d_k)``, softmax over the wrong dimension, no mask (a future token
     leaks), mask with flipped polarity, mask without the diagonal, mask applied
     after the softmax without renormalising, forbidden scores set to 0 instead
-    of ``-inf``, the mask kept as a plain attribute instead of a buffer,
-    ``qkv_bias`` ignored, no dropout in training mode, dropout scaled by
+    of ``-inf``, the mask kept as a plain attribute instead of a buffer, the
+    whole ``(context_length, context_length)`` mask used without cutting it to
+    ``num_tokens``, ``qkv_bias`` ignored, no dropout in training mode, dropout
+    on the values, context vectors or output instead of the weights, dropout
+    on the scores before the softmax, ``nn.Dropout(1 - p)``, dropout scaled by
     ``1/p`` or not scaled, dropout still active in eval mode.
 
     Args:
@@ -440,13 +574,14 @@ def check_causal_attention(cls, *, device=None) -> bool:
         for index, num_tokens in enumerate(_NUM_TOKENS):
             x = _probe_input(_BATCH, num_tokens, seed=100 + index, device=device)
             call = f"{what}(...)(x) with x of shape {tuple(x.shape)}"
-            out = _forward(module, x, call)
+            out = _forward_or_name_unsliced_mask(module, x, call, device)
             reference = _causal_attention(x, weights)
             if is_close(out, reference):
                 continue
             message = name_wrong_answer(out, _wrong_causal_attention(x, weights))
             if message is not None:
                 raise CheckFailed(f"{call}: {message}")
+            _name_nan_output(out, call)
             _check_no_future_leak(module, x, call)
             raise CheckFailed(
                 f"{call} differs from the reference causal attention by up to "

@@ -45,6 +45,13 @@ _MERGE_HINT = (
 )
 
 
+_SIZES_HINT = (
+    "Read b, num_heads, num_tokens and head_dim from context_vec.shape inside the function: "
+    "the check calls it with other sizes than the chapter's example, so variables from "
+    "outside it (b, num_tokens, d_out, ...) do not fit."
+)
+
+
 def _merge(context_vec: torch.Tensor) -> torch.Tensor:
     b, num_heads, num_tokens, head_dim = context_vec.shape
     # (b, num_heads, num_tokens, head_dim) -> (b, num_tokens, num_heads * head_dim)
@@ -74,13 +81,16 @@ def check_merge_heads(fn, *, device=None) -> bool:
     head_dim)`` and must return ``(b, num_tokens, num_heads * head_dim)`` in
     which features ``h * head_dim`` to ``(h + 1) * head_dim - 1`` of each token
     are head ``h``'s, as ``context_vec.transpose(1, 2).reshape(...)`` gives. It
-    is probed with seeded float64 tensors of sizes (2, 3, 5, 4) and (3, 4, 2, 3),
-    non-contiguous inputs included, on ``device``; the input must not change.
+    is probed with seeded float64 tensors of sizes (2, 3, 5, 4) and (3, 4, 2, 5)
+    (``num_heads * head_dim`` = 12 and 20, so sizes taken from outside the
+    function cannot fit both), non-contiguous inputs included, on ``device``;
+    the input must not change.
 
     Recognised wrong answers: merged without the transpose (``reshape`` or
     ``view`` straight to ``(b, num_tokens, d_out)``), heads in the wrong order,
-    features interleaved across heads, ``view`` on a non-contiguous tensor, a
-    wrong shape or dtype, an input changed in place.
+    features interleaved across heads, ``view`` on a non-contiguous tensor,
+    sizes not read from ``context_vec.shape``, a wrong shape or dtype, an input
+    changed in place.
 
     Args:
         fn: the learner's function.
@@ -101,7 +111,7 @@ def check_merge_heads(fn, *, device=None) -> bool:
     device = probe_device(device)
     require_callable(fn, "your function merge_heads(context_vec)")
     generator = torch.Generator().manual_seed(6)
-    for shape in ((2, 3, 5, 4), (3, 4, 2, 3)):
+    for shape in ((2, 3, 5, 4), (3, 4, 2, 5)):
         b, num_heads, num_tokens, head_dim = shape
         context_vec = torch.randn(shape, generator=generator, dtype=torch.float64).to(device)
         for contiguous in (True, False):
@@ -119,10 +129,17 @@ def check_merge_heads(fn, *, device=None) -> bool:
                         f"{failure}\nThe transposed tensor is not contiguous, so view cannot "
                         "merge its dimensions: use .contiguous().view(...) or .reshape(...)."
                     ) from None
+                if "invalid for input of size" in str(failure):
+                    raise CheckFailed(f"{failure}\n{_SIZES_HINT}") from None
                 raise
             if not torch.equal(context_vec, original):
                 raise CheckFailed(f"{what} changed its input in place; return a new tensor")
             expected_shape = (b, num_tokens, num_heads * head_dim)
+            if isinstance(out, torch.Tensor) and tuple(out.shape) != expected_shape:
+                raise CheckFailed(
+                    f"{what} returned shape {tuple(out.shape)}; expected {expected_shape} = "
+                    f"(b, num_tokens, num_heads * head_dim). {_SIZES_HINT}"
+                )
             out = require_tensor(out, what, expected_shape, dtype=context_vec.dtype,
                                  device=device)
             expected = _merge(context_vec)
@@ -147,7 +164,9 @@ _CONFIGS = (
     {"d_in": 5, "d_out": 6, "num_heads": 2},  # head_dim 3
     {"d_in": 4, "d_out": 6, "num_heads": 3},  # head_dim 2
 )
-_CONTEXT_LENGTH, _BATCH = 8, 3
+#: The batch (4) differs from every head_dim, num_heads and d_out above, so a
+#: scale read from the wrong dimension cannot pass by accident.
+_CONTEXT_LENGTH, _BATCH = 8, 4
 _NUM_TOKENS = (7, 3, 1, 8)
 #: Dropout probability of the dropout probe: 1/p = 5 and 1/(1-p) = 1.25 differ.
 _P = 0.2
@@ -278,6 +297,12 @@ def _wrong_multi_head_attention(
         "its own head_dim features.": variant(scale=1.0 / math.sqrt(d_out)),
         "the softmax runs over the wrong dimension (dim=-2, over the queries): each query's "
         "weights over the keys must sum to 1, so use dim=-1.": variant(softmax_dim=-2),
+        "the softmax runs over the heads (dim=1 of the (b, num_heads, num_tokens, num_tokens) "
+        "scores): each query's weights over the keys must sum to 1, so use dim=-1.":
+            variant(softmax_dim=1),
+        f"the scores are scaled by 1/sqrt(d_in) = 1/sqrt({x.shape[-1]}), the size of the "
+        f"INPUTS (x.shape[-1]), instead of 1/sqrt(head_dim) = 1/sqrt({head_dim}).":
+            variant(scale=x.shape[-1] ** -0.5),
         "there is no causal mask: every token attends to the tokens after it as well (a future "
         "token leaks). Fill the scores above the diagonal with -inf before the softmax.":
             variant(mask="none"),
@@ -323,8 +348,47 @@ def _forward(module: nn.Module, x: torch.Tensor, d_out: int, what: str) -> torch
                 f"{text}\nAfter transpose(1, 2) the context vectors are not contiguous, so view "
                 "cannot merge the heads: use .contiguous().view(...) or .reshape(...)."
             ) from None
+        if "invalid for input of size" in text:
+            raise CheckFailed(
+                f"{text}\nThe sizes of a view/reshape do not multiply out to the tensor's size: "
+                "head_dim is d_out // num_heads (not d_in // num_heads), and b and num_tokens "
+                "come from x.shape."
+            ) from None
         raise
     return require_tensor(out, what, (x.shape[0], x.shape[1], d_out), device=x.device)
+
+
+def _forward_or_name_unsliced_mask(
+    module: nn.Module, x: torch.Tensor, d_out: int, what: str, device: torch.device
+) -> torch.Tensor:
+    """``module(x)``; if it fails only below ``context_length`` tokens, say why."""
+    try:
+        return _forward(module, x, d_out, what)
+    except CheckFailed as failure:
+        if x.shape[1] == _CONTEXT_LENGTH:
+            raise
+        full = _probe_input(x.shape[0], _CONTEXT_LENGTH, x.shape[2], 0, device)
+        try:
+            _forward(module, full, d_out, what)
+        except CheckFailed:
+            raise failure from None
+        raise CheckFailed(
+            f"{failure}\nYour module works with num_tokens = context_length = {_CONTEXT_LENGTH} "
+            f"but not with {x.shape[1]} tokens: the mask is (context_length, context_length). "
+            "Cut it to the input's length: self.mask[:num_tokens, :num_tokens]."
+        ) from None
+
+
+def _name_nan_output(out: torch.Tensor, what: str) -> None:
+    """An output with nan: name the rows (a softmax over a row that is all -inf)."""
+    nan_positions = out.isnan().any(dim=-1).any(dim=0).nonzero().flatten().tolist()
+    if nan_positions:
+        raise CheckFailed(
+            f"{what} gives nan at positions {nan_positions}. The softmax of a row of scores "
+            "that are all -inf is 0/0: every key of those queries is masked out. Check that "
+            "the mask keeps the diagonal, that -inf goes where the mask is False, and the "
+            "softmax's dim."
+        )
 
 
 def _check_no_future_leak(module: nn.Module, x: torch.Tensor, d_out: int, what: str) -> None:
@@ -339,6 +403,65 @@ def _check_no_future_leak(module: nn.Module, x: torch.Tensor, d_out: int, what: 
                 f"at positions before {t} by up to {moved:.3g}. Each head must hide the future: "
                 "-inf above the diagonal of its scores, before the softmax."
             )
+
+
+def _dropout_site_problem(
+    first_token: torch.Tensor, x: torch.Tensor, weights: dict[str, torch.Tensor], num_heads: int
+) -> str | None:
+    """What is wrong with the dropout, seen in the first token's outputs; None if nothing.
+
+    The first token attends only to itself, with weight 1 in every head, so
+    dropout on the attention weights makes each head's part of its merged
+    context vector either 0 (dropped, with probability p) or ``c * value_h``
+    (kept and scaled by ``c``). ``out_proj`` (its bias zeroed) is undone with
+    its inverse. Dropout on the values, the context vectors or the output
+    zeroes features one by one instead; dropout on the scores never zeroes a
+    head's part; ``nn.Dropout(1 - p)`` zeroes it with probability 1 - p.
+
+    Args:
+        first_token: ``(draws, d_out)`` the module's outputs for the first token.
+        x: ``(1, num_tokens, d_in)`` the probe; ``weights``: the module's weights.
+    """
+    merged = torch.linalg.solve(weights["out_proj"], first_token.T).T  # (draws, d_out)
+    value = _linear(x, weights, "W_value")[0, 0]  # (d_out,): the first token's value
+    head_dim = value.shape[0] // num_heads
+    coefficients, worst = [], 0.0
+    for h in range(num_heads):
+        block = slice(h * head_dim, (h + 1) * head_dim)
+        part, value_h = merged[:, block], value[block]  # (draws, head_dim), (head_dim,)
+        c = part @ value_h / (value_h @ value_h)  # (draws,)
+        residual = (part - c[:, None] * value_h).norm(dim=-1).amax() / value_h.norm()
+        coefficients.append(c)
+        worst = max(worst, float(residual))
+    if worst > 1e-6:
+        return (
+            "the first token's output is not what dropout on the attention weights gives. "
+            "That token attends only to itself, with weight 1 in every head, so dropping "
+            "attention weights either zeroes a head's whole part of its context vector or "
+            "scales the whole of it by 1/(1-p); in your module features are zeroed one by one. "
+            "Apply the dropout to attn_weights right after the softmax, not to the values, "
+            "the context vectors or the output."
+        )
+    dropped = float((torch.cat(coefficients).abs() < 1e-9).double().mean())
+    if dropped == 0.0:
+        return (
+            "no head's part of the first token's context vector is ever zeroed, so its one "
+            "attention weight (1, on itself) is never dropped. Dropout on the scores, before "
+            "the softmax, does not cut a link: a dropped score becomes 0 and the softmax still "
+            "gives it weight. Apply the dropout to attn_weights, after the softmax."
+        )
+    if abs(dropped - (1 - _P)) < 0.05:
+        return (
+            f"your module drops {dropped:.0%} of the attention weights instead of "
+            f"p = {_P:.0%}: nn.Dropout(p) and torch.nn.functional.dropout take the "
+            "probability of DROPPING a weight, not of keeping it. Pass dropout, not 1 - dropout."
+        )
+    if abs(dropped - _P) > 0.05:
+        return (
+            f"your module drops {dropped:.0%} of the attention weights instead of "
+            f"p = {_P:.0%}: each weight must be dropped with probability p."
+        )
+    return None
 
 
 def _check_dropout(cls, device: torch.device, what: str) -> None:
@@ -362,6 +485,9 @@ def _check_dropout(cls, device: torch.device, what: str) -> None:
             "weights are never dropped. Apply dropout to attn_weights (nn.Dropout, or dropout_p "
             "of scaled_dot_product_attention when self.training)."
         )
+    problem = _dropout_site_problem(out[:, 0, :], x, weights, num_heads)
+    if problem is not None:
+        raise CheckFailed(f"with dropout={_P}, {problem}")
     factor = float((out.mean(dim=0) * reference).sum() / (reference * reference).sum())
     if abs(factor - 1.0) > 0.1:
         if abs(factor - (1 - _P) / _P) < 0.4:
@@ -402,19 +528,24 @@ def check_multi_head_attention(cls, *, device=None) -> bool:
 
     Probes (float64, seeded weights with scores of order 1 to 3):
     ``(d_in, d_out, num_heads)`` = (5, 6, 2) and (4, 6, 3), ``context_length=8``,
-    with and without ``qkv_bias``; a batch of 3 with ``num_tokens`` = 7, 3, 1,
+    with and without ``qkv_bias``; a batch of 4 with ``num_tokens`` = 7, 3, 1,
     8; each token perturbed in turn to find a future token leaking; with
     ``dropout=0.2``, the mean output over 4,000 draws in training mode (the
     factors 1/(1-p) = 1.25 and 1/p = 5 differ) and the output in eval mode.
 
     Recognised wrong answers: scores not scaled, scaled by ``1/sqrt(d_out)``
-    instead of ``1/sqrt(head_dim)``, softmax over the wrong dimension, no
-    causal mask (a future token leaks), mask with flipped polarity, mask
-    without the diagonal, heads merged without the transpose, heads
-    concatenated in the wrong order, heads split without the transpose,
-    ``out_proj`` not applied, ``view`` on the non-contiguous transpose, a
-    plain-attribute mask, ``qkv_bias`` ignored, no dropout in training mode,
-    dropout scaled by ``1/p`` or not scaled, dropout active in eval mode.
+    or ``1/sqrt(d_in)`` instead of ``1/sqrt(head_dim)``, softmax over the
+    queries or over the heads instead of the keys, no causal mask (a future
+    token leaks), mask with flipped polarity, mask without the diagonal, the
+    whole ``(context_length, context_length)`` mask used without cutting it to
+    ``num_tokens``, heads merged without the transpose, heads concatenated in
+    the wrong order, heads split without the transpose, ``out_proj`` not
+    applied, ``view`` on the non-contiguous transpose, sizes that do not
+    multiply out in a ``view``, a plain-attribute mask, ``qkv_bias`` ignored,
+    no dropout in training mode, dropout on the values, context vectors or
+    output instead of the weights, dropout on the scores before the softmax,
+    ``nn.Dropout(1 - p)``, dropout scaled by ``1/p`` or not scaled, dropout
+    active in eval mode. An output with nan is reported with its positions.
 
     Args:
         cls: the learner's class (not an instance).
@@ -445,7 +576,7 @@ def check_multi_head_attention(cls, *, device=None) -> bool:
                 x = _probe_input(_BATCH, num_tokens, d_in, seed=200 + index, device=device)
                 call = (f"{what}(d_in={d_in}, d_out={d_out}, num_heads={num_heads}, "
                         f"qkv_bias={qkv_bias}) on x of shape {tuple(x.shape)}")
-                out = _forward(module, x, d_out, call)
+                out = _forward_or_name_unsliced_mask(module, x, d_out, call, device)
                 reference = _multi_head_attention(x, weights, num_heads)
                 if is_close(out, reference):
                     continue
@@ -453,6 +584,7 @@ def check_multi_head_attention(cls, *, device=None) -> bool:
                 message = name_wrong_answer(out, wrong)
                 if message is not None:
                     raise CheckFailed(f"{call}: {message}")
+                _name_nan_output(out, call)
                 _check_no_future_leak(module, x, d_out, call)
                 raise CheckFailed(
                     f"{call} differs from the reference multi-head attention by up to "
