@@ -123,6 +123,13 @@ __all__ = [
     "format_table",
     "format_sweeps",
     "main",
+    "MEMORY_SWEEP_SEQ_LENS",
+    "TARGET_VS_TORCH_MHA",
+    "TARGET_VS_TORCH_MHA_FORWARD_LONG",
+    "TARGET_VS_BARE_KERNELS",
+    "TARGET_FLASH_VS_SDPA",
+    "TARGET_FLASH_MEMORY_BYTES",
+    "TARGET_REFERENCE_MEMORY_BYTES",
 ]
 
 CONTESTANTS = ("reference", "attnlib", "torch_mha", "bare_kernels", "sdpa_only", "flash_only")
@@ -920,7 +927,17 @@ def loglog_slope(xs: Sequence[float], ys: Sequence[float | None]) -> float | Non
     """Least-squares slope of ``log(y)`` against ``log(x)`` over the pairs with ``y > 0``.
 
     A quantity that grows like ``x**p`` has slope ``p``: 2 for an ``N x N``
-    matrix, 1 for a linear one. Returns None with fewer than two usable pairs.
+    matrix, 1 for a linear one.
+
+    Args:
+        xs: positive abscissae (sequence lengths).
+        ys: the measured values, same length; None or non-positive entries are skipped.
+
+    Returns:
+        The slope, or None with fewer than two usable pairs.
+
+    Raises:
+        ValueError: ``xs`` and ``ys`` differ in length.
     """
     points = [(math.log(x), math.log(y)) for x, y in zip(xs, ys, strict=True)
               if y is not None and y > 0]
@@ -1260,7 +1277,16 @@ def _fmt_bytes(value: float | None) -> str:
 
 
 def format_sweeps(memory: dict | None, kernel: dict | None) -> str:
-    """The memory sweep and kernel timing as text tables with verdict lines."""
+    """The memory sweep and the kernel timing as text tables with verdict lines.
+
+    Args:
+        memory: :func:`run_memory_sweep`'s result, or None to leave it out.
+        kernel: :func:`run_kernel_timing`'s result, or None to leave it out.
+
+    Returns:
+        The tables (sizes in MiB; a readable-path value marked ``~`` is
+        extrapolated), then one ``PASS``/``FAIL`` line per verdict, as a string.
+    """
     lines: list[str] = []
     if memory is not None:
         meta = memory["metadata"]

@@ -76,7 +76,7 @@ def flash_attention_forward(
     ``(block_size, block_size)`` tile of scores at a time, never holding the
     whole ``(num_tokens_q, num_tokens_kv)`` matrix. It is plain PyTorch, so
     autograd can differentiate it, but autograd then saves every tile's
-    tensors (quadratic memory again); :func:`flash_attention` avoids that.
+    tensors (quadratic memory again); :func:`attnlib.flash.flash_attention` avoids that.
 
     Args:
         query: ``(..., num_tokens_q, d_k)``.
@@ -87,7 +87,7 @@ def flash_attention_forward(
         scale: multiplier of the scores; default ``1 / sqrt(d_k)``.
         block_size: rows of queries and of keys/values per tile, any int >= 1;
             the sizes need not be multiples of it. Default
-            :data:`DEFAULT_BLOCK_SIZE`.
+            :data:`attnlib.flash.DEFAULT_BLOCK_SIZE`.
 
     Returns:
         ``(context_vec, logsumexp)``: ``context_vec`` ``(..., num_tokens_q, d_v)``
@@ -220,7 +220,7 @@ def flash_attention(
     (no mask or causal, no dropout) while holding only one
     ``(block_size, block_size)`` tile of scores at a time: memory grows
     linearly with the number of tokens instead of quadratically. The forward
-    pass is :func:`flash_attention_forward`. The backward pass does not
+    pass is :func:`attnlib.flash.flash_attention_forward`. The backward pass does not
     store the tiles: it recomputes each tile's weights from the saved
     log-sum-exp of its rows, so a training step is linear in memory too.
 
@@ -240,7 +240,7 @@ def flash_attention(
         scale: multiplier of the scores; default ``1 / sqrt(d_k)``.
         block_size: keyword-only; query and key/value rows per tile, any
             int >= 1 (the sizes need not be multiples of it). Default
-            :data:`DEFAULT_BLOCK_SIZE` (256).
+            :data:`attnlib.flash.DEFAULT_BLOCK_SIZE` (256).
 
     Returns:
         ``context_vec`` ``(..., num_tokens_q, d_v)``, the dtype of the input.
