@@ -57,9 +57,11 @@ def test_check_rope_accepts_the_reference_and_the_book(capsys):
     assert check_rope(my_rope) is True
 
 
-def _rope_variant(x, *, first=0, two=2, sign=1.0, swap_only=False, adjacent=False):
+def _rope_variant(x, *, first=0, two=2, sign=1.0, swap_only=False, adjacent=False,
+                  first_pair=0, interleave_angles=False, swap_cos_sin=False,
+                  adjacent_with_cat=False):
     n, d = x.shape[-2], x.shape[-1]
-    i = torch.arange(d // 2, dtype=x.dtype)
+    i = torch.arange(first_pair, first_pair + d // 2, dtype=x.dtype)
     theta = 10000.0 ** (-two * i / d)
     angles = torch.outer(torch.arange(first, first + n, dtype=x.dtype), theta)
     if adjacent:
@@ -68,11 +70,32 @@ def _rope_variant(x, *, first=0, two=2, sign=1.0, swap_only=False, adjacent=Fals
         out[..., 0::2] = xe * angles.cos() - xo * angles.sin()
         out[..., 1::2] = xe * angles.sin() + xo * angles.cos()
         return out
-    cos = torch.cat([angles.cos()] * 2, dim=-1)
-    sin = torch.cat([angles.sin()] * 2, dim=-1)
+    if interleave_angles:
+        cos = angles.cos().repeat_interleave(2, dim=-1)
+        sin = angles.sin().repeat_interleave(2, dim=-1)
+    else:
+        cos = torch.cat([angles.cos()] * 2, dim=-1)
+        sin = torch.cat([angles.sin()] * 2, dim=-1)
+    if swap_cos_sin:
+        cos, sin = sin, cos
+    if adjacent_with_cat:
+        rot = torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
+        return x * cos + rot * sin
     x1, x2 = x.chunk(2, dim=-1)
     rot = torch.cat([x2, x1], dim=-1) if swap_only else torch.cat([-x2, x1], dim=-1)
     return x * cos + sign * rot * sin
+
+
+def _rope_in_float32(x, base=10000.0):
+    """The book's solution written the way many learners do: torch.arange without a
+    dtype, so the angles are float32 (right to about 1e-7 only)."""
+    num_tokens, head_dim = x.shape[-2], x.shape[-1]
+    theta = 1.0 / base ** (torch.arange(0, head_dim, 2) / head_dim)  # float32
+    angles = torch.outer(torch.arange(num_tokens), theta)
+    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)
+    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 @pytest.mark.parametrize(
@@ -83,8 +106,23 @@ def _rope_variant(x, *, first=0, two=2, sign=1.0, swap_only=False, adjacent=Fals
         pytest.param(lambda x: _rope_variant(x, swap_only=True), "sign is missing",
                      id="missing-sign"),
         pytest.param(lambda x: _rope_variant(x, sign=-1.0), "negative angle", id="clockwise"),
-        pytest.param(lambda x: _rope_variant(x, two=1), "frequencies are wrong",
-                     id="frequencies"),
+        pytest.param(lambda x: _rope_variant(x, two=1),
+                     r"You used base \*\* \(-i / head_dim\)", id="frequencies"),
+        pytest.param(lambda x: _rope_variant(x, two=4), "divided by head_dim/2",
+                     id="frequencies-over-half"),
+        pytest.param(lambda x: _rope_variant(x, two=-2), "minus sign of the exponent",
+                     id="exponent-sign"),
+        pytest.param(lambda x: _rope_variant(x, first_pair=1), "pair index starts at 1",
+                     id="pair-from-1"),
+        pytest.param(lambda x: _rope_variant(x, swap_cos_sin=True), "cos and sin are swapped",
+                     id="cos-sin-swapped"),
+        pytest.param(lambda x: _rope_variant(x, interleave_angles=True),
+                     "repeat each angle twice in a row", id="mixed-interleaved-angles"),
+        pytest.param(lambda x: _rope_variant(x, adjacent_with_cat=True),
+                     "you turn ADJACENT pairs", id="mixed-adjacent-with-halves-angles"),
+        pytest.param(lambda x: _rope_variant(x.float(), first=1).double(),
+                     "positions start at 1", id="from-1-in-float32"),
+        pytest.param(_rope_in_float32, "float32's precision", id="float32-angles"),
         pytest.param(lambda x: x.float(), "dtype torch.float32", id="dtype"),
         pytest.param(lambda x: x[..., :-1], "returned shape", id="shape"),
         pytest.param(lambda x: x.mul_(2.0), "changed its input", id="mutates"),
@@ -129,6 +167,10 @@ def test_check_repeat_kv_accepts_the_book_and_an_expand():
         pytest.param(lambda x, r: torch.cat([x] * r, dim=1), "tiled the heads", id="cat"),
         pytest.param(lambda x, r: x.repeat_interleave(r, dim=2), "token dimension",
                      id="token-dim"),
+        pytest.param(lambda x, r: x.repeat_interleave(r, dim=0), "batch dimension",
+                     id="batch-dim"),
+        pytest.param(lambda x, r: x.repeat_interleave(r, dim=-1), "last dimension",
+                     id="last-dim"),
         pytest.param(lambda x, r: x[:, :, None].expand(-1, -1, r, -1, -1), "extra dimension",
                      id="expand-without-reshape"),
         pytest.param(lambda x, r: x.repeat_interleave(r, dim=1).float(), "dtype", id="dtype"),
@@ -165,9 +207,19 @@ def test_check_kv_cache_mask_accepts_the_reference_and_the_book():
         pytest.param(lambda n, m: torch.tril(torch.ones(n, m, dtype=torch.bool),
                                              diagonal=m - n - 1),
                      "diagonal is missing", id="no-diagonal"),
+        pytest.param(lambda n, m: torch.tril(torch.ones(n, m, dtype=torch.bool),
+                                             diagonal=m - n + 1),
+                     "a future token leaks", id="future-leak"),
         pytest.param(lambda n, m: causal_mask(n), "new tokens only", id="square"),
+        pytest.param(lambda n, m: causal_mask(m), "square mask of all positions",
+                     id="square-all-positions"),
+        pytest.param(lambda n, m: bottom_right_causal_mask(n, m).T, "transposed",
+                     id="transposed"),
         pytest.param(lambda n, m: bottom_right_causal_mask(n, m).float(), "bool mask",
                      id="float"),
+        pytest.param(lambda n, m: torch.zeros(n, m).masked_fill(
+                         ~bottom_right_causal_mask(n, m), float("-inf")),
+                     "additive mask", id="additive"),
         pytest.param(lambda n, m: torch.ones(n, m, dtype=torch.bool), "but the mask is",
                      id="other"),
     ],

@@ -32,6 +32,8 @@ from ._common import (
 __all__ = ["check_rope", "check_repeat_kv", "check_kv_cache_mask"]
 
 _BASE = 10000.0
+# Differences up to this are float32 rounding of angles below ~12 rad (the probes' largest).
+_FLOAT32_ATOL = 1e-5
 
 
 # ---------------------------------------------------------------------------
@@ -39,10 +41,12 @@ _BASE = 10000.0
 # ---------------------------------------------------------------------------
 
 
-def _angles(num_tokens: int, head_dim: int, first_position: int, exponent_step: int,
-            device: torch.device) -> torch.Tensor:
-    """``(num_tokens, head_dim // 2)`` angles ``m * base^(-exponent_step * i / head_dim)``."""
-    i = torch.arange(head_dim // 2, dtype=torch.float64, device=device)
+def _angles(num_tokens: int, head_dim: int, first_position: int, exponent_step: float,
+            device: torch.device, first_pair: int = 0) -> torch.Tensor:
+    """``(num_tokens, head_dim // 2)`` angles ``m * base^(-exponent_step * i / head_dim)``,
+    pairs ``i = first_pair ... first_pair + head_dim / 2 - 1``."""
+    i = torch.arange(first_pair, first_pair + head_dim // 2, dtype=torch.float64,
+                     device=device)
     theta = _BASE ** (-exponent_step * i / head_dim)
     positions = torch.arange(first_position, first_position + num_tokens, dtype=torch.float64,
                              device=device)
@@ -50,12 +54,27 @@ def _angles(num_tokens: int, head_dim: int, first_position: int, exponent_step: 
 
 
 def _rope_half_split(x: torch.Tensor, angles: torch.Tensor, sign: float = 1.0,
-                     swap_only: bool = False) -> torch.Tensor:
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)  # (num_tokens, head_dim)
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)
+                     swap_only: bool = False, interleaved_angles: bool = False,
+                     swap_cos_sin: bool = False) -> torch.Tensor:
+    if interleaved_angles:  # each angle twice in a row: the adjacent layout's cos and sin
+        cos = angles.cos().repeat_interleave(2, dim=-1)  # (num_tokens, head_dim)
+        sin = angles.sin().repeat_interleave(2, dim=-1)
+    else:
+        cos = torch.cat([angles.cos(), angles.cos()], dim=-1)  # (num_tokens, head_dim)
+        sin = torch.cat([angles.sin(), angles.sin()], dim=-1)
+    if swap_cos_sin:
+        cos, sin = sin, cos
     x1, x2 = x.chunk(2, dim=-1)
     rotated = torch.cat([x2, x1], dim=-1) if swap_only else torch.cat([-x2, x1], dim=-1)
     return x * cos + sign * rotated * sin
+
+
+def _rope_adjacent_with_half_angles(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """Adjacent pairs turned, but with the half-split layout's cos/sin (cat of two halves)."""
+    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)  # (num_tokens, head_dim)
+    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)
+    rotated = torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
+    return x * cos + rotated * sin
 
 
 def _rope_adjacent(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
@@ -90,6 +109,31 @@ def _rope_wrong_answers(x: torch.Tensor) -> dict[str, torch.Tensor]:
         "the frequencies are wrong: theta_i = base ** (-2 * i / head_dim) for i = 0 .. "
         "head_dim/2 - 1 (note the 2). You used base ** (-i / head_dim), so the slow pairs "
         "turn too fast.": _rope_half_split(x, _angles(n, d, 0, 1, x.device)),
+        "the frequencies are wrong: theta_i = base ** (-2 * i / head_dim) with i counted "
+        "over the head_dim/2 PAIRS. You divided by head_dim/2 (base ** (-2 * i / "
+        "(head_dim // 2)), or base ** (-4 * i / head_dim)), so the slow pairs turn too "
+        "slowly.": _rope_half_split(x, _angles(n, d, 0, 4, x.device)),
+        "the minus sign of the exponent is missing: theta_i = base ** (-2 * i / head_dim) "
+        "is at most 1 radian per position and shrinks with i; base ** (2 * i / head_dim) "
+        "grows up to about base.": _rope_half_split(x, _angles(n, d, 0, -2, x.device)),
+        "your pair index starts at 1: the first pair must turn by 1 radian per position, "
+        "theta_0 = base ** 0. The paper writes theta_i = 10000 ** (-2 (i - 1) / d) for i = 1 "
+        ".. d/2; counting from 0 that is base ** (-2 * i / head_dim) with "
+        "i = torch.arange(head_dim // 2).": _rope_half_split(
+            x, _angles(n, d, 0, 2, x.device, first_pair=1)),
+        "cos and sin are swapped: the rotation is x * cos + rotate_half(x) * sin, so that "
+        "position 0 (angle 0: cos = 1, sin = 0) leaves x unchanged.": _rope_half_split(
+            x, right, swap_cos_sin=True),
+        "you mixed the two layouts: your cos and sin repeat each angle twice in a row "
+        "(repeat_interleave(2), the ADJACENT layout's order) but you rotate the two halves "
+        "(rotate_half). In the half-split layout pair i is components i and i + head_dim/2, "
+        "so both need angle i: cos = torch.cat([cos, cos], dim=-1), likewise sin.":
+            _rope_half_split(x, right, interleaved_angles=True),
+        "you mixed the two layouts: you turn ADJACENT pairs (2i, 2i + 1) but your cos and "
+        "sin are the half-split layout's (torch.cat of two copies), so components 2i and "
+        "2i + 1 get different angles. Use the half-split layout throughout: x1, x2 = "
+        "x.chunk(2, dim=-1), rotate_half(x) = cat([-x2, x1]).":
+            _rope_adjacent_with_half_angles(x, right),
     }
 
 
@@ -104,10 +148,14 @@ def check_rope(fn, *, device=None) -> bool:
     as :class:`attnlib.RotaryPositionalEmbedding` computes. Probed on float64
     inputs of shapes ``(2, 3, 7, 8)``, ``(5, 6)`` and ``(1, 1, 12, 4)``.
 
-    Recognised wrong answers: adjacent pairs instead of halves, positions
+    Recognised wrong answers: adjacent pairs instead of halves, the two
+    layouts mixed (angles repeated with ``repeat_interleave`` but halves
+    rotated, or adjacent pairs rotated with the halves' angles), positions
     starting at 1, a missing minus sign in ``rotate_half``, rotating the other
-    way, frequencies without the factor 2, a wrong shape or dtype, a mutated
-    input.
+    way, cos and sin swapped, frequencies without the factor 2 or divided by
+    ``head_dim / 2``, the exponent's minus sign missing, the pair index
+    starting at 1, angles computed in float32 (right to about 1e-7 only), a
+    wrong shape or dtype, a mutated input.
 
     Args:
         fn: the learner's function, ``fn(x) -> Tensor``.
@@ -136,9 +184,17 @@ def check_rope(fn, *, device=None) -> bool:
         expected = _rope_half_split(x, _angles(shape[-2], shape[-1], 0, 2, device))
         if is_close(out, expected, atol=1e-10, rtol=1e-8):
             continue
-        message = name_wrong_answer(out, _rope_wrong_answers(x), atol=1e-10, rtol=1e-8)
+        # Named at float32's tolerance, so that a slip made in float32 is still named.
+        message = name_wrong_answer(out, _rope_wrong_answers(x), atol=_FLOAT32_ATOL, rtol=0.0)
         if message is not None:
             raise CheckFailed(f"{what}: {message}")
+        if is_close(out, expected, atol=_FLOAT32_ATOL, rtol=0.0):
+            raise CheckFailed(
+                f"{what} is right only to about float32's precision (off by up to "
+                f"{max_difference(out, expected):.1e}): your angles, cos or sin are computed "
+                "in float32. torch.arange(...) without dtype= gives integers, and dividing "
+                "them gives float32; create them with dtype=x.dtype (and device=x.device)."
+            )
         raise CheckFailed(
             f"{what} differs from RoPE by up to {max_difference(out, expected):.3g}. Compare "
             "fn(x) with attnlib.RotaryPositionalEmbedding(head_dim, num_tokens)(x) position by "
@@ -165,8 +221,8 @@ def check_repeat_kv(fn, *, device=None) -> bool:
 
     Recognised wrong answers: ``x.repeat(1, group_size, 1, 1)`` (the heads
     tiled: head ``h`` gets key/value head ``h % num_kv_groups``), repeating
-    along the token dimension, a result with an extra dimension (``expand``
-    without ``reshape``), a wrong dtype.
+    along the token, batch or last dimension, a result with an extra
+    dimension (``expand`` without ``reshape``), a wrong dtype.
 
     Args:
         fn: the learner's function, ``fn(x, group_size) -> Tensor``.
@@ -196,6 +252,12 @@ def check_repeat_kv(fn, *, device=None) -> bool:
             hint = ""
             if tuple(out.shape) == (batch, groups, num_tokens * group_size, head_dim):
                 hint = (" You repeated along the token dimension (dim=2); the heads are "
+                        "dim=1.")
+            elif tuple(out.shape) == (batch * group_size, groups, num_tokens, head_dim):
+                hint = (" You repeated along the batch dimension (dim=0); the heads are "
+                        "dim=1.")
+            elif tuple(out.shape) == (batch, groups, num_tokens, head_dim * group_size):
+                hint = (" You repeated along the last dimension (head_dim); the heads are "
                         "dim=1.")
             elif out.ndim == 5:
                 hint = (" An expand gives an extra dimension: reshape it to "
@@ -247,7 +309,10 @@ def check_kv_cache_mask(fn, *, device=None) -> bool:
     Recognised wrong answers: the top-left alignment of
     ``attnlib.causal_mask(num_tokens, num_tokens_kv)`` (the new tokens would
     not see most of the cache), the polarity flipped, the diagonal missing (a
-    token cannot see itself), a mask over the new tokens only, a non-bool mask.
+    token cannot see itself), one future token visible (the diagonal one too
+    high), a mask over the new tokens only, the square mask of all positions,
+    a transposed mask, a non-bool mask (an additive one of 0 and -inf named as
+    such).
 
     Args:
         fn: the learner's function, ``fn(num_tokens, num_tokens_kv) -> Tensor``.
@@ -275,10 +340,25 @@ def check_kv_cache_mask(fn, *, device=None) -> bool:
                 f"queries attend to all {n_kv} keys (cached and new): expected shape "
                 f"{(n, n_kv)}."
             )
+        if isinstance(out, torch.Tensor) and n != n_kv and tuple(out.shape) == (n_kv, n_kv):
+            raise CheckFailed(
+                f"{what} returned shape {(n_kv, n_kv)}, the square mask of all positions; "
+                f"the rows are the {n} NEW queries only: keep its last {n} rows "
+                f"(expected shape {(n, n_kv)})."
+            )
+        if isinstance(out, torch.Tensor) and n != n_kv and tuple(out.shape) == (n_kv, n):
+            raise CheckFailed(
+                f"{what} returned shape {(n_kv, n)}: rows must be the queries and columns "
+                f"the keys, expected shape {(n, n_kv)} (is your mask transposed?)."
+            )
         out = require_tensor(out, what, (n, n_kv))
         if out.dtype != torch.bool:
+            hint = ""
+            if out.is_floating_point() and bool(torch.isneginf(out).any()):
+                hint = (" Yours looks like an additive mask (0 and -inf, added to the "
+                        "scores), which is another convention: return the bool mask itself.")
             raise CheckFailed(f"{what} returned dtype {out.dtype}; expected a bool mask, True "
-                              "where a query may attend")
+                              "where a query may attend." + hint)
         expected = _bottom_right(n, n_kv, out.device)
         if torch.equal(out, expected):
             continue
@@ -293,6 +373,10 @@ def check_kv_cache_mask(fn, *, device=None) -> bool:
             "torch.nn.functional.scaled_dot_product_attention's convention).": ~expected,
             "the diagonal is missing: a new token may attend to itself, so query i sees key "
             "num_tokens_kv - num_tokens + i too.": _bottom_right(n, n_kv, out.device, -1),
+            "a future token leaks: query i sits at position num_tokens_kv - num_tokens + i "
+            "and may see keys up to that position only, but your mask lets it see the next "
+            "one too (the diagonal of torch.tril is one too high).": _bottom_right(
+                n, n_kv, out.device, 1),
         }
         wrong = {m: w.to(torch.float64) for m, w in wrong.items()}
         message = name_wrong_answer(out.to(torch.float64), wrong, atol=0.0, rtol=0.0)
