@@ -23,6 +23,17 @@ def _gqa(seed=0, d_in=10, d_out=12, context_length=16, num_heads=6, num_kv_group
     return module.double().eval()
 
 
+def _rotate(x: torch.Tensor, base: float) -> torch.Tensor:
+    """RoPE written independently of attnlib: pair (x[i], x[i + d/2]) of the vector at
+    position m, read as the complex number x[i] + 1j x[i + d/2], times e^(1j m theta_i)."""
+    n, d = x.shape[-2], x.shape[-1]
+    theta = base ** (-2 * torch.arange(d // 2, dtype=torch.float64) / d)
+    turn = torch.polar(torch.ones(n, d // 2, dtype=torch.float64),
+                       torch.outer(torch.arange(n, dtype=torch.float64), theta))
+    z = torch.complex(x[..., : d // 2], x[..., d // 2 :]) * turn
+    return torch.cat([z.real, z.imag], dim=-1)
+
+
 def _reference(m: GroupedQueryAttention, x: torch.Tensor) -> torch.Tensor:
     """GQA written out independently: per query head h, its key/value head is h // r."""
     b, n, _ = x.shape
@@ -38,7 +49,7 @@ def _reference(m: GroupedQueryAttention, x: torch.Tensor) -> torch.Tensor:
         j = h // r  # key/value head j serves query heads j*r ... j*r + r - 1
         kh, vh = k[..., j * hd : (j + 1) * hd], v[..., j * hd : (j + 1) * hd]
         if m.rope is not None:
-            qh, kh = m.rope(qh), m.rope(kh)
+            qh, kh = _rotate(qh, m.rope.base), _rotate(kh, m.rope.base)
         scores = qh @ kh.transpose(-2, -1) / math.sqrt(hd)
         scores = scores.masked_fill(~causal_mask(n), float("-inf"))
         heads.append(torch.softmax(scores, dim=-1) @ vh)
@@ -48,8 +59,12 @@ def _reference(m: GroupedQueryAttention, x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize(("num_heads", "num_kv_groups"), [(6, 6), (6, 3), (6, 2), (6, 1)])
 @pytest.mark.parametrize("return_weights", [False, True])
 @pytest.mark.parametrize("qkv_bias", [False, True])
-def test_matches_the_per_head_reference(num_heads, num_kv_groups, return_weights, qkv_bias):
-    m = _gqa(num_heads=num_heads, num_kv_groups=num_kv_groups, qkv_bias=qkv_bias)
+@pytest.mark.parametrize("rope", [False, True])
+def test_matches_the_per_head_reference(num_heads, num_kv_groups, return_weights, qkv_bias,
+                                        rope):
+    # with rope=True the reference rotates each head's queries and keys itself
+    m = _gqa(num_heads=num_heads, num_kv_groups=num_kv_groups, qkv_bias=qkv_bias, rope=rope,
+             d_out=24)  # head_dim 4: even, as RoPE needs
     x = torch.randn(3, 9, 10, dtype=torch.float64)
     out = m(x, return_weights=return_weights)
     if return_weights:
