@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from attnlib.exercises import CheckFailed, check_prefix_matching_score
+from attnlib.exercises._common import is_close
+from attnlib.exercises.learning import _probes, _wrong_answers
 from attnlib.training import prefix_matching_score
 
 
@@ -31,7 +33,8 @@ def book_prefix_matching_score(attn_weights, inputs):
 
 
 def scored(attn_weights, inputs, *, key_shift=1, strict=True, last_only=False,
-           average="counted", transpose=False):
+           first_only=False, later_too=False, reduce="sum", average="counted",
+           transpose=False):
     """A loop version with one switch per typical mistake (written independently
     of the checker's own vectorised wrong answers)."""
     if transpose:
@@ -42,12 +45,22 @@ def scored(attn_weights, inputs, *, key_shift=1, strict=True, last_only=False,
         row_total = torch.zeros(num_heads, dtype=attn_weights.dtype)
         count = 0
         for t in range(num_tokens):
-            earlier = [s for s in range(t if strict else t + 1) if inputs[b, s] == inputs[b, t]]
+            candidates = range(num_tokens) if later_too else range(t if strict else t + 1)
+            earlier = [s for s in candidates
+                       if inputs[b, s] == inputs[b, t] and not (later_too and s == t)]
             if last_only:
                 earlier = earlier[-1:]
+            if first_only:
+                earlier = earlier[:1]
             keys = [s + key_shift for s in earlier if s + key_shift < num_tokens]
             if keys:
-                row_total += attn_weights[b, :, t, keys].sum(dim=-1)
+                on_keys = attn_weights[b, :, t, keys]  # (num_heads, len(keys))
+                if reduce == "max":
+                    row_total += on_keys.max(dim=-1).values
+                elif reduce == "mean":
+                    row_total += on_keys.mean(dim=-1)
+                else:
+                    row_total += on_keys.sum(dim=-1)
                 count += 1
         per_row.append(row_total)
         counts.append(count)
@@ -89,8 +102,16 @@ def test_the_loop_helper_without_mistakes_is_right():
                      id="per-row-mean"),
         pytest.param(lambda w, x: scored(w, x, last_only=True), "MOST RECENT earlier occurrence",
                      id="most-recent-only"),
+        pytest.param(lambda w, x: scored(w, x, first_only=True), "FIRST earlier occurrence",
+                     id="first-only"),
+        pytest.param(lambda w, x: scored(w, x, reduce="max"), "LARGEST weight among",
+                     id="max-over-targets"),
+        pytest.param(lambda w, x: scored(w, x, reduce="mean"), "AVERAGED the weights on",
+                     id="mean-over-targets"),
         pytest.param(lambda w, x: scored(w, x, strict=False), "its own earlier occurrence",
                      id="s-le-t"),
+        pytest.param(lambda w, x: scored(w, x, later_too=True), "also matched LATER",
+                     id="later-occurrences"),
         pytest.param(lambda w, x: scored(w, x, transpose=True), "rows and columns are swapped",
                      id="transposed"),
     ],
@@ -98,6 +119,30 @@ def test_the_loop_helper_without_mistakes_is_right():
 def test_names_each_wrong_answer(wrong, named):
     with pytest.raises(CheckFailed, match=named):
         check_prefix_matching_score(wrong)
+
+
+def test_wrong_answers_are_told_apart_by_the_probes():
+    """No two recognised wrong answers agree on both probes, and none agrees with
+    the right score, so each message can only be the one that fits."""
+    probes = _probes(torch.device("cpu"))
+    right = [prefix_matching_score(w, x) for w, x in probes]
+    wrong = [_wrong_answers(w, x) for w, x in probes]
+    messages = list(wrong[0])
+    for i, first in enumerate(messages):
+        assert not all(is_close(ans[first], r) for ans, r in zip(wrong, right, strict=True)), first
+        for second in messages[i + 1:]:
+            assert not all(is_close(ans[first], ans[second]) for ans in wrong), (first, second)
+
+
+def test_first_only_and_largest_weight_agree_on_one_probe_and_are_still_told_apart():
+    # On the first probe both pick key 1 for query 6 of row 0; the second probe
+    # separates them, so each gets its own message.
+    (w1, x1), _ = _probes(torch.device("cpu"))
+    torch.testing.assert_close(scored(w1, x1, first_only=True), scored(w1, x1, reduce="max"))
+    with pytest.raises(CheckFailed, match="FIRST earlier occurrence"):
+        check_prefix_matching_score(lambda w, x: scored(w, x, first_only=True))
+    with pytest.raises(CheckFailed, match="LARGEST weight"):
+        check_prefix_matching_score(lambda w, x: scored(w, x, reduce="max"))
 
 
 def test_one_number_instead_of_one_per_head():

@@ -112,6 +112,16 @@ def test_quiet_by_default(capsys):
     assert out == "" and err == ""
 
 
+def test_progress_bar_is_shown_when_asked_and_changes_nothing(capsys):
+    quiet = train(reversal_model(), reversal, 20, seed=1)
+    assert capsys.readouterr() == ("", "")
+    shown = train(reversal_model(), reversal, 20, seed=1, progress=True)
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "training" in err and "/20" in err  # tqdm's bar, on stderr
+    assert shown.losses == quiet.losses and shown.accuracies == quiet.accuracies
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [

@@ -20,7 +20,6 @@ from ._common import (
     checker,
     is_close,
     max_difference,
-    name_wrong_answer,
     passed,
     probe_device,
     require_callable,
@@ -40,7 +39,9 @@ _PROBE_TOKENS = (
     (0, 1, 2, 3, 4, 0, 1, 2, 3),
 )
 #: Second probe: other sizes (batch 2, 3 heads, 6 tokens), so that sizes
-#: written into the answer fail.
+#: written into the answer fail. Token 3 of row 0 occurs three times again, so
+#: that wrong answers which agree by chance on the first probe (the first
+#: occurrence only, the largest weight on the targets) differ here.
 _PROBE_TOKENS_2 = ((3, 3, 1, 3, 0, 1), (7, 2, 9, 2, 7, 9))
 
 
@@ -56,27 +57,47 @@ def _causal_weights(batch: int, num_heads: int, num_tokens: int, seed: int,
 
 
 def _variant(attn_weights: torch.Tensor, inputs: torch.Tensor, *, shift: int = 1,
-             diagonal: int = -1, most_recent: bool = False, average: str = "counted",
-             transpose: bool = False) -> torch.Tensor:
-    """The score computed the right way or with one typical mistake."""
+             earlier: str = "strict", occurrences: str = "every", reduce: str = "sum",
+             average: str = "counted", transpose: bool = False) -> torch.Tensor:
+    """The score computed the right way or with one typical mistake.
+
+    ``earlier``: which positions ``s`` may match query ``t``: ``"strict"``
+    (``s < t``, right), ``"self"`` (``s <= t``) or ``"any"`` (every ``s != t``,
+    later ones too). ``occurrences``: ``"every"`` matching ``s`` (right),
+    ``"first"`` or ``"last"`` only. ``reduce``: how a query's weights on its
+    targets combine: ``"sum"`` (right), ``"mean"`` or ``"max"``.
+    """
     if transpose:
         attn_weights = attn_weights.transpose(-1, -2)
     n = inputs.shape[1]
     same = inputs[:, :, None] == inputs[:, None, :]  # (batch, t, s)
-    earlier = torch.ones(n, n, dtype=torch.bool, device=inputs.device).tril(diagonal)
-    match = same & earlier  # (batch, t, s)
-    if most_recent:  # keep only the largest s of each row
-        last = torch.where(match, torch.arange(n, device=inputs.device), -1).amax(dim=-1)
+    ones = torch.ones(n, n, dtype=torch.bool, device=inputs.device)
+    allowed = {"strict": ones.tril(-1), "self": ones.tril(0),
+               "any": ~torch.eye(n, dtype=torch.bool, device=inputs.device)}[earlier]
+    match = same & allowed  # (batch, t, s)
+    if occurrences != "every":  # keep only the smallest or largest s of each row
+        positions = torch.arange(n, device=inputs.device)
+        if occurrences == "last":
+            keep = torch.where(match, positions, -1).amax(dim=-1)  # (batch, t)
+        else:
+            keep = torch.where(match, positions, n).amin(dim=-1)  # (batch, t)
+        rows = match.any(dim=-1).nonzero(as_tuple=True)
         match = torch.zeros_like(match)
-        rows = (last >= 0).nonzero(as_tuple=True)
-        match[rows[0], rows[1], last[rows]] = True
+        match[rows[0], rows[1], keep[rows]] = True
     after = torch.zeros_like(match)
     if shift == 1:
         after[:, :, 1:] = match[:, :, :-1]  # key s + 1
     else:
         after = match  # key s itself
     counted = after.any(dim=-1)  # (batch, t)
-    on_target = (attn_weights * after[:, None].to(attn_weights.dtype)).sum(dim=-1)  # (b, h, t)
+    on_targets = attn_weights * after[:, None].to(attn_weights.dtype)  # (b, h, t, j)
+    if reduce == "max":
+        on_target = on_targets.amax(dim=-1)  # (b, h, t)
+    elif reduce == "mean":
+        num_targets = after.sum(dim=-1).clamp(min=1)[:, None]  # (b, 1, t)
+        on_target = on_targets.sum(dim=-1) / num_targets
+    else:
+        on_target = on_targets.sum(dim=-1)  # (b, h, t)
     on_target = on_target * counted[:, None].to(attn_weights.dtype)
     if average == "all":
         return on_target.mean(dim=(0, 2))
@@ -112,10 +133,27 @@ def _wrong_answers(attn_weights: torch.Tensor, inputs: torch.Tensor) -> dict[str
         ),
         "you counted only the MOST RECENT earlier occurrence. The definition sums the weight on "
         "the token after every earlier copy of the query's token (in the probe, token 5 of row 0 "
-        "occurs three times).": _variant(attn_weights, inputs, most_recent=True),
+        "occurs three times).": _variant(attn_weights, inputs, occurrences="last"),
+        "you counted only the FIRST earlier occurrence (list.index or argmax finds only the "
+        "first). The definition sums the weight on the token after every earlier copy of the "
+        "query's token (in the probe, token 5 of row 0 occurs three times).": _variant(
+            attn_weights, inputs, occurrences="first"
+        ),
+        "you took the LARGEST weight among a query's targets. A query whose token occurred "
+        "several times has several targets; add their weights (an induction head may split "
+        "its attention between them).": _variant(attn_weights, inputs, reduce="max"),
+        "you AVERAGED the weights on a query's targets. A query whose token occurred several "
+        "times has several targets; add their weights, then average over the queries.": _variant(
+            attn_weights, inputs, reduce="mean"
+        ),
         "you let a token count as its own earlier occurrence (s <= t instead of s < t): then "
         "every query counts and looks at key t + 1, which the causal mask hides. Use "
-        "torch.tril(..., diagonal=-1).": _variant(attn_weights, inputs, diagonal=0),
+        "torch.tril(..., diagonal=-1).": _variant(attn_weights, inputs, earlier="self"),
+        "you also matched LATER occurrences of the query's token (s != t instead of s < t): "
+        "queries whose token comes again later then count, with weight 0 on keys the causal "
+        "mask hides. Only earlier positions s < t count.": _variant(
+            attn_weights, inputs, earlier="any"
+        ),
         "rows and columns are swapped: attn_weights[b, h, t, j] is the weight from query t to "
         "key j (rows are queries). You read attn_weights[b, h, j, t].": _variant(
             attn_weights, inputs, transpose=True
@@ -123,10 +161,23 @@ def _wrong_answers(attn_weights: torch.Tensor, inputs: torch.Tensor) -> dict[str
     }
 
 
-def _probe(fn, attn_weights: torch.Tensor, inputs: torch.Tensor) -> None:
-    batch, num_heads, num_tokens, _ = attn_weights.shape
-    what = (f"fn(attn_weights, inputs) with attn_weights of shape {tuple(attn_weights.shape)} "
+def _probes(device: torch.device) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+    """The checker's two probes, ``(attn_weights, inputs)`` each."""
+    return (
+        (_causal_weights(3, 2, 9, 10, device), torch.tensor(_PROBE_TOKENS, device=device)),
+        (_causal_weights(2, 3, 6, 11, device), torch.tensor(_PROBE_TOKENS_2, device=device)),
+    )
+
+
+def _what(attn_weights: torch.Tensor, inputs: torch.Tensor) -> str:
+    return (f"fn(attn_weights, inputs) with attn_weights of shape {tuple(attn_weights.shape)} "
             f"and inputs of shape {tuple(inputs.shape)}")
+
+
+def _run_probe(fn, attn_weights: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+    """The learner's scores on one probe, after checking their type, shape and device."""
+    num_heads = attn_weights.shape[1]
+    what = _what(attn_weights, inputs)
     out = call_answer(fn, attn_weights.clone(), inputs.clone(), what=what)
     if isinstance(out, torch.Tensor) and out.ndim == 0:
         raise CheckFailed(
@@ -139,15 +190,32 @@ def _probe(fn, attn_weights: torch.Tensor, inputs: torch.Tensor) -> None:
     if out.device.type != attn_weights.device.type:
         raise CheckFailed(f"{what} returned a tensor on {out.device}; expected it on "
                           f"{attn_weights.device}")
-    expected = prefix_matching_score(attn_weights, inputs)
-    if is_close(out, expected):
+    return out
+
+
+def _judge(probes, outputs) -> None:
+    """Raise CheckFailed naming the mistake unless every output is right.
+
+    A wrong answer is named only when it gives the learner's numbers on every
+    probe, so that two mistakes that happen to agree on one probe are told
+    apart by the other.
+    """
+    expected = [prefix_matching_score(w, x) for w, x in probes]
+    wrong = [i for i, (out, exp) in enumerate(zip(outputs, expected, strict=True))
+             if not is_close(out, exp)]
+    if not wrong:
         return
-    message = name_wrong_answer(out, _wrong_answers(attn_weights, inputs))
-    if message is not None:
-        raise CheckFailed(f"{what}: {message}")
+    first = wrong[0]
+    what = _what(*probes[first])
+    candidates = [_wrong_answers(w, x) for w, x in probes]  # one dict per probe
+    for message in candidates[0]:
+        if all(is_close(out, answers[message])
+               for out, answers in zip(outputs, candidates, strict=True)):
+            raise CheckFailed(f"{what}: {message}")
+    out, exp = outputs[first], expected[first]
     raise CheckFailed(
         f"{what} returned {out.tolist()}, but the prefix-matching scores are "
-        f"{expected.tolist()} (largest difference {max_difference(out, expected):.3g}). "
+        f"{exp.tolist()} (largest difference {max_difference(out, exp):.3g}). "
         "Compare your function with attnlib.training.prefix_matching_score on a small example "
         "you can check by hand, such as tokens a b c a b."
     )
@@ -169,9 +237,12 @@ def check_prefix_matching_score(fn, *, device=None) -> bool:
 
     Recognised wrong answers: the earlier occurrence itself instead of the
     token after it, the previous-token score, an average over every query, a
-    sum instead of a mean, per-sequence averages, only the most recent
-    occurrence, a token counted as its own earlier occurrence, rows and
-    columns swapped, one number instead of one per head.
+    sum instead of a mean, per-sequence averages, only the most recent or only
+    the first earlier occurrence, the largest or the mean weight on a query's
+    targets instead of their sum, a token counted as its own earlier
+    occurrence, later occurrences matched too, rows and columns swapped, one
+    number instead of one per head. A wrong answer is named only when it
+    reproduces the answer's numbers on both probes.
 
     Args:
         fn: the learner's function.
@@ -191,10 +262,7 @@ def check_prefix_matching_score(fn, *, device=None) -> bool:
     """
     device = probe_device(device)
     require_callable(fn, "your function fn(attn_weights, inputs)")
-    probes = (
-        (_causal_weights(3, 2, 9, 10, device), torch.tensor(_PROBE_TOKENS, device=device)),
-        (_causal_weights(2, 3, 6, 11, device), torch.tensor(_PROBE_TOKENS_2, device=device)),
-    )
-    for attn_weights, inputs in probes:
-        _probe(fn, attn_weights, inputs)
+    probes = _probes(device)
+    outputs = [_run_probe(fn, attn_weights, inputs) for attn_weights, inputs in probes]
+    _judge(probes, outputs)
     return passed("one prefix-matching score per head, averaged over the counted queries.")
