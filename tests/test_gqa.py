@@ -86,6 +86,22 @@ def test_a_tiled_repeat_would_not_match():
     assert not torch.allclose(tiled, m(x), atol=1e-6)
 
 
+@pytest.mark.parametrize(("num_heads", "num_kv_groups"), [(8, 8), (8, 4), (8, 2), (8, 1)])
+def test_matches_repeat_interleave_then_ordinary_attention(num_heads, num_kv_groups):
+    # the reference the chapter uses: copy each key/value head for its group of query heads,
+    # then run torch's attention with as many key/value heads as query heads
+    m = _gqa(seed=1, num_heads=num_heads, num_kv_groups=num_kv_groups, d_out=16)
+    x = torch.randn(2, 11, 10, dtype=torch.float64)
+    hd, r = m.head_dim, m.group_size
+    q = m.W_query(x).view(2, 11, num_heads, hd).transpose(1, 2)
+    k = m.W_key(x).view(2, 11, num_kv_groups, hd).transpose(1, 2).repeat_interleave(r, dim=1)
+    v = m.W_value(x).view(2, 11, num_kv_groups, hd).transpose(1, 2).repeat_interleave(r, dim=1)
+    ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    expected = m.out_proj(ctx.transpose(1, 2).reshape(2, 11, 16))
+    assert_close(m(x), expected, atol=1e-12, rtol=1e-10)
+    assert_close(m(x, return_weights=True)[0], expected, atol=1e-12, rtol=1e-10)
+
+
 @pytest.mark.skipif(not HAS_ENABLE_GQA, reason="enable_gqa needs torch >= 2.5")
 def test_matches_torch_enable_gqa():
     m = _gqa(seed=1, num_heads=8, num_kv_groups=2, d_out=16)
@@ -97,6 +113,18 @@ def test_matches_torch_enable_gqa():
     expected = m.out_proj(ctx.transpose(1, 2).reshape(2, 11, 16))
     assert_close(m(x), expected, atol=1e-12, rtol=1e-10)
     assert_close(m(x, return_weights=True)[0], expected, atol=1e-12, rtol=1e-10)
+    # the last 4 tokens after 7 cached ones: torch with a bottom-right mask of its own
+    late = F.scaled_dot_product_attention(
+        q[:, :, 7:], k, v, enable_gqa=True,
+        attn_mask=torch.ones(4, 11, dtype=torch.bool).tril(diagonal=7),
+    )
+    late = m.out_proj(late.transpose(1, 2).reshape(2, 4, 16))
+    for return_weights in (False, True):
+        cache = KVCache()
+        m(x[:, :7], kv_cache=cache)
+        out = m(x[:, 7:], return_weights=return_weights, kv_cache=cache)
+        out = out[0] if return_weights else out
+        assert_close(out, late, atol=1e-12, rtol=1e-10)
 
 
 def test_fast_and_readable_paths_give_the_same_gradients():
