@@ -145,7 +145,11 @@ class KVCache:
         b, h, _, d = keys.shape
         self.check_next(b, h, d, values.shape[-1], keys.dtype, keys.device)
         if self.keys is None:
-            self.keys, self.values = keys, values
+            # Copies of their own: the new keys and values are often views into a larger
+            # buffer (the fused projection also holds the queries), which the cache would
+            # otherwise keep alive; and the caller's tensors are never aliased.
+            self.keys = keys.clone(memory_format=torch.contiguous_format)
+            self.values = values.clone(memory_format=torch.contiguous_format)
         else:
             self.keys = torch.cat([self.keys, keys], dim=-2)  # (b, h, num_tokens + num_new, d)
             self.values = torch.cat([self.values, values], dim=-2)
@@ -158,7 +162,10 @@ class KVCache:
 
     def memory_bytes(self) -> int:
         """Bytes held by the cached keys and values:
-        ``batch * num_kv_heads * num_tokens * (head_dim + head_dim_v) * itemsize``."""
+        ``batch * num_kv_heads * num_tokens * (head_dim + head_dim_v) * itemsize``.
+
+        The cache owns exactly this memory: it stores its own contiguous copies,
+        never views into a larger tensor."""
         if self.keys is None:
             return 0
         return self.keys.nbytes + self.values.nbytes

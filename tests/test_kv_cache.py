@@ -202,6 +202,33 @@ def test_update_appends_and_reports_memory_and_resets():
     assert len(cache) == 0 and cache.keys is None
 
 
+@pytest.mark.parametrize("grouped", [False, True])
+def test_the_cache_holds_only_its_keys_and_values_not_the_projection_buffer(grouped):
+    # the fast path projects queries, keys and values with one GEMM; the cached keys
+    # must not keep that whole buffer (queries included) alive
+    torch.manual_seed(0)
+    if grouped:
+        layer = attnlib.GroupedQueryAttention(16, 16, 32, 0.0, num_heads=4, num_kv_groups=2)
+    else:
+        layer = MultiHeadAttention(16, 16, 32, 0.0, num_heads=4)
+    cache = KVCache()
+    with torch.no_grad():
+        layer.eval()(torch.randn(2, 10, 16), kv_cache=cache)
+    held = cache.keys.untyped_storage().nbytes() + cache.values.untyped_storage().nbytes()
+    assert cache.keys.untyped_storage().data_ptr() != cache.values.untyped_storage().data_ptr()
+    assert held == cache.memory_bytes() == 2 * 2 * (4 if not grouped else 2) * 10 * 4 * 4
+
+
+def test_update_does_not_alias_the_callers_tensors():
+    cache = KVCache()
+    keys, values = torch.zeros(1, 1, 2, 3), torch.zeros(1, 1, 2, 3)
+    cache.update(keys, values)
+    keys += 1.0
+    values += 1.0
+    assert torch.equal(cache.keys, torch.zeros(1, 1, 2, 3))
+    assert torch.equal(cache.values, torch.zeros(1, 1, 2, 3))
+
+
 def test_exports():
     assert attnlib.KVCache is KVCache
     assert attnlib.bottom_right_causal_mask is bottom_right_causal_mask
