@@ -529,7 +529,9 @@ __all__ += [
 #: The starts :func:`train_marked_token` compares. The first two are the
 #: classes' own; the last two change ``torch.rand``'s draws in one respect each
 #: (centred on zero; shrunk to the width of ``nn.Linear``'s range), to test
-#: which property of the ``torch.rand`` start matters.
+#: which property of the ``torch.rand`` start matters. ``value_init`` can give
+#: ``W_value`` another of these starts than ``W_query`` and ``W_key``, to test
+#: which matrices carry the difference.
 INITIALISATIONS = ("torch.rand", "nn.Linear", "torch.rand - 0.5", "torch.rand / sqrt(d_in)")
 
 #: The optimisers :func:`train_marked_token` can train with.
@@ -631,9 +633,14 @@ class MarkedTokenTraining:
     enter the softmax.
 
     Attributes:
-        init: the start, one of :data:`INITIALISATIONS`.
+        init: the start of ``W_query`` and ``W_key``, one of
+            :data:`INITIALISATIONS`.
+        value_init: the start of ``W_value`` (the same as ``init`` unless
+            :func:`train_marked_token` was given another).
         optimizer: ``"adam"`` or ``"sgd"``.
         lr: the learning rate.
+        adam_beta2: Adam's ``beta2``, the decay of its running average of
+            squared gradients (unused by SGD).
         seeds: the seeds, one run each.
         threshold: the loss that :attr:`steps_to_threshold` waits for.
         losses: ``(num_seeds, num_steps)`` float64, the mean squared error of
@@ -649,8 +656,9 @@ class MarkedTokenTraining:
         initial_grad_norm: ``(num_seeds, 3)`` float64, the Frobenius norms of
             the gradients of the first batch's loss with respect to
             ``W_query``, ``W_key`` and ``W_value``.
-        first_update_rms: ``(num_seeds, 3)`` float64, the root mean square of
-            the change that the first optimiser step made to each matrix.
+        update_rms: ``(num_seeds, num_steps, 3)`` float64, the root mean
+            square of the change that each optimiser step made to ``W_query``,
+            ``W_key`` and ``W_value``.
         final_loss: ``(num_seeds,)`` float64, the loss after training on one
             fixed evaluation batch of 256 sequences, the same for every run.
         final_weight_on_marked: ``(num_seeds,)`` float64, the weight on the
@@ -658,8 +666,10 @@ class MarkedTokenTraining:
     """
 
     init: str
+    value_init: str
     optimizer: str
     lr: float
+    adam_beta2: float
     seeds: tuple[int, ...]
     threshold: float
     losses: torch.Tensor
@@ -667,7 +677,7 @@ class MarkedTokenTraining:
     score_margin: torch.Tensor
     initial_max_weight: torch.Tensor
     initial_grad_norm: torch.Tensor
-    first_update_rms: torch.Tensor
+    update_rms: torch.Tensor
     final_loss: torch.Tensor
     final_weight_on_marked: torch.Tensor
 
@@ -675,6 +685,11 @@ class MarkedTokenTraining:
     def num_steps(self) -> int:
         """The number of optimiser steps each run took."""
         return self.losses.shape[-1]
+
+    @property
+    def first_update_rms(self) -> torch.Tensor:
+        """``(num_seeds, 3)`` float64: :attr:`update_rms` of the first step."""
+        return self.update_rms[:, 0]
 
     @property
     def steps_to_threshold(self) -> torch.Tensor:
@@ -742,8 +757,10 @@ def train_marked_token(
     seeds: Sequence[int] = range(5),
     num_steps: int = 600,
     *,
+    value_init: str | None = None,
     optimizer: str = "adam",
     lr: float = 0.01,
+    adam_beta2: float = 0.999,
     threshold: float = 0.01,
     d_in: int = 16,
     num_tokens: int = 8,
@@ -762,7 +779,7 @@ def train_marked_token(
 
         torch.manual_seed(s)
         model = SelfAttention_v2(d_in, d_in)  # or v1
-        optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+        optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, adam_beta2))
         generator = torch.Generator().manual_seed(data_seed + s)
         for step in range(num_steps):
             x, targets, _ = marked_token_batch(batch_size, num_tokens, d_in,
@@ -783,15 +800,24 @@ def train_marked_token(
     ``"torch.rand - 0.5"`` and ``"torch.rand / sqrt(d_in)"`` take
     ``SelfAttention_v1``'s draws for the same seed and shift them to mean 0,
     or shrink them to ``[0, 1/sqrt(d_in))``: the same random numbers, changed
-    in one respect.
+    in one respect. With ``value_init``, ``W_value`` is instead the
+    ``W_value`` that start gives for the same seed, and ``W_query`` and
+    ``W_key`` stay those of ``init``: one matrix swapped, the others unchanged.
 
     Args:
-        init: the start, one of :data:`INITIALISATIONS`.
+        init: the start of ``W_query`` and ``W_key`` (and of ``W_value`` unless
+            ``value_init`` is given), one of :data:`INITIALISATIONS`.
         seeds: one run per seed; different non-negative ints. Default 0 to 4.
         num_steps: optimiser steps per run; at least 1. Default 600.
-        optimizer: ``"adam"`` (``torch.optim.Adam``, default betas) or ``"sgd"``
-            (``torch.optim.SGD``, no momentum). Default ``"adam"``.
+        value_init: the start of ``W_value``, one of :data:`INITIALISATIONS`,
+            or None (default) for ``init``.
+        optimizer: ``"adam"`` (``torch.optim.Adam``, ``betas=(0.9,
+            adam_beta2)``) or ``"sgd"`` (``torch.optim.SGD``, no momentum).
+            Default ``"adam"``.
         lr: the learning rate, finite and > 0. Default 0.01.
+        adam_beta2: Adam's ``beta2``, in ``[0, 1)``: its running average of
+            squared gradients reaches back about ``1 / (1 - adam_beta2)``
+            steps. Default 0.999, PyTorch's. Ignored by SGD.
         threshold: the loss that :attr:`MarkedTokenTraining.steps_to_threshold`
             waits for, > 0. Default 0.01.
         d_in: features per token (``d_out = d_in``); at least 3. Default 16.
@@ -805,14 +831,15 @@ def train_marked_token(
         A :class:`MarkedTokenTraining` of float64 tensors with one row per seed.
 
     Raises:
-        TypeError: ``init`` or ``optimizer`` is not a str; ``seeds`` is not a
-            sequence of ints; a size or ``data_seed`` is not an int; ``lr`` or
+        TypeError: ``init``, ``value_init`` (unless None) or ``optimizer`` is
+            not a str; ``seeds`` is not a sequence of ints; a size or
+            ``data_seed`` is not an int; ``lr``, ``adam_beta2`` or
             ``threshold`` is not a real number.
-        ValueError: ``init`` or ``optimizer`` is not one of the choices;
-            ``seeds`` is empty, holds a negative seed or a seed twice;
-            ``num_steps < 1``; ``lr`` or ``threshold`` is not finite and
-            positive; ``d_in < 3``; ``num_tokens < 2``; ``batch_size < 1``;
-            ``data_seed < 0``.
+        ValueError: ``init``, ``value_init`` or ``optimizer`` is not one of
+            the choices; ``seeds`` is empty, holds a negative seed or a seed
+            twice; ``num_steps < 1``; ``lr`` or ``threshold`` is not finite and
+            positive; ``adam_beta2`` is not in ``[0, 1)``; ``d_in < 3``;
+            ``num_tokens < 2``; ``batch_size < 1``; ``data_seed < 0``.
 
     Source: the initialisations are those of ``torch.rand`` and of
     ``torch.nn.Linear`` (uniform on ``±1/sqrt(d_in)``, He et al. (2015),
@@ -822,8 +849,16 @@ def train_marked_token(
     init = _check_choice("init", init, INITIALISATIONS)
     seeds = _check_seeds(seeds)
     num_steps = check_int("num_steps", num_steps, minimum=1)
+    value_init = init if value_init is None else _check_choice(
+        "value_init", value_init, INITIALISATIONS)
     optimizer = _check_choice("optimizer", optimizer, OPTIMIZERS)
     lr = _check_positive_real("lr", lr)
+    if isinstance(adam_beta2, bool) or not isinstance(adam_beta2, numbers.Real):
+        raise TypeError(f"adam_beta2 must be a real number, got {type_name(adam_beta2)} "
+                        f"adam_beta2={adam_beta2!r}")
+    if not 0 <= adam_beta2 < 1:
+        raise ValueError(f"adam_beta2 must be in [0, 1), got adam_beta2={adam_beta2!r}")
+    adam_beta2 = float(adam_beta2)
     threshold = _check_positive_real("threshold", threshold)
     d_in = check_int("d_in", d_in, minimum=3)
     num_tokens = check_int("num_tokens", num_tokens, minimum=2)
@@ -834,23 +869,27 @@ def train_marked_token(
     num_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _train_seedwise(init, seeds, num_steps, optimizer, lr, threshold, d_in,
-                               num_tokens, batch_size, data_seed)
+        return _train_seedwise(init, value_init, seeds, num_steps, optimizer, lr, adam_beta2,
+                               threshold, d_in, num_tokens, batch_size, data_seed)
     finally:
         torch.set_num_threads(num_threads)
 
 
-def _train_seedwise(init: str, seeds: tuple[int, ...], num_steps: int, optimizer: str,
-                    lr: float, threshold: float, d_in: int, num_tokens: int, batch_size: int,
-                    data_seed: int) -> MarkedTokenTraining:
+def _train_seedwise(init: str, value_init: str, seeds: tuple[int, ...], num_steps: int,
+                    optimizer: str, lr: float, adam_beta2: float, threshold: float, d_in: int,
+                    num_tokens: int, batch_size: int, data_seed: int) -> MarkedTokenTraining:
     """The body of :func:`train_marked_token`, on checked arguments."""
     weights = torch.stack([_initial_weights(init, s, d_in) for s in seeds])  # (S, 3, d, d)
+    if value_init != init:  # W_value from the other start, for the same seeds
+        weights[:, 2] = torch.stack([_initial_weights(value_init, s, d_in)[2] for s in seeds])
     weights.requires_grad_(True)
-    optim_cls = torch.optim.Adam if optimizer == "adam" else torch.optim.SGD
-    optim = optim_cls([weights], lr=lr)
+    if optimizer == "adam":
+        optim = torch.optim.Adam([weights], lr=lr, betas=(0.9, adam_beta2))
+    else:
+        optim = torch.optim.SGD([weights], lr=lr)
     generators = [torch.Generator().manual_seed(data_seed + s) for s in seeds]
 
-    series = {"loss": [], "weight": [], "margin": []}
+    series = {"loss": [], "weight": [], "margin": [], "update": []}
     for step in range(num_steps):
         batches = [marked_token_batch(batch_size, num_tokens, d_in, generator=g)
                    for g in generators]
@@ -862,10 +901,10 @@ def _train_seedwise(init: str, seeds: tuple[int, ...], num_steps: int, optimizer
         if step == 0:
             initial_grad_norm = torch.linalg.matrix_norm(weights.grad)  # (num_seeds, 3)
             initial_max_weight = attn_weights.detach().amax(dim=-1).mean(dim=(1, 2))
-            before = weights.detach().clone()
+        before = weights.detach().clone()
         optim.step()
-        if step == 0:
-            first_update_rms = (weights.detach() - before).pow(2).mean(dim=(-2, -1)).sqrt()
+        # (num_seeds, 3): RMS of this step's change of W_query, W_key, W_value
+        series["update"].append((weights.detach() - before).pow(2).mean(dim=(-2, -1)).sqrt())
         with torch.no_grad():
             weight, margin = _on_marked(attn_scores, attn_weights, marked)
         series["loss"].append(losses.detach())
@@ -886,8 +925,10 @@ def _train_seedwise(init: str, seeds: tuple[int, ...], num_steps: int, optimizer
 
     return MarkedTokenTraining(
         init=init,
+        value_init=value_init,
         optimizer=optimizer,
         lr=lr,
+        adam_beta2=adam_beta2,
         seeds=seeds,
         threshold=threshold,
         losses=as_result(torch.stack(series["loss"], dim=-1)),  # (num_seeds, num_steps)
@@ -895,7 +936,7 @@ def _train_seedwise(init: str, seeds: tuple[int, ...], num_steps: int, optimizer
         score_margin=as_result(torch.stack(series["margin"], dim=-1)),
         initial_max_weight=as_result(initial_max_weight),
         initial_grad_norm=as_result(initial_grad_norm),
-        first_update_rms=as_result(first_update_rms),
+        update_rms=as_result(torch.stack(series["update"], dim=1)),  # (S, num_steps, 3)
         final_loss=as_result(final_loss),
         final_weight_on_marked=as_result(final_weight),
     )

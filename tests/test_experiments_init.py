@@ -21,28 +21,43 @@ CLASSES = {"torch.rand": attnlib.SelfAttention_v1, "nn.Linear": attnlib.SelfAtte
 
 
 def readable_loop(cls, seed, num_steps, *, optimizer="adam", lr=0.01, data_seed=1000,
-                  transform=None):
-    """The loop train_marked_token's docstring promises, with the real module."""
+                  transform=None, value_cls=None, beta2=0.999, all_grads=False):
+    """The loop train_marked_token's docstring promises, with the real module.
+
+    value_cls: take W_value from this class, built with the same seed.
+    all_grads: return the gradient norms of every step, (num_steps, 3)."""
     torch.manual_seed(seed)
     model = cls(16, 16)
     if transform is not None:
         with torch.no_grad():
             for param in model.parameters():
                 param.copy_(transform(param))
-    optim_cls = torch.optim.Adam if optimizer == "adam" else torch.optim.SGD
-    optim = optim_cls(model.parameters(), lr=lr)
+    if value_cls is not None:
+        torch.manual_seed(seed)
+        other = value_cls(16, 16)
+        value = other.W_value if isinstance(other, attnlib.SelfAttention_v1) else (
+            other.W_value.weight.T)
+        with torch.no_grad():
+            if isinstance(model, attnlib.SelfAttention_v1):
+                model.W_value.copy_(value)
+            else:
+                model.W_value.weight.copy_(value.T)
+    if optimizer == "adam":
+        optim = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, beta2))
+    else:
+        optim = torch.optim.SGD(model.parameters(), lr=lr)
     generator = torch.Generator().manual_seed(data_seed + seed)
-    losses, grads = [], None
-    for step in range(num_steps):
+    losses, grads = [], []
+    for _ in range(num_steps):
         x, targets, _ = marked_token_batch(64, 8, 16, generator=generator)
         loss = F.mse_loss(model(x), targets)
         optim.zero_grad()
         loss.backward()
-        if step == 0:
-            grads = [p.grad.norm().item() for p in model.parameters()]
+        grads.append([p.grad.norm().item() for p in model.parameters()])
         optim.step()
         losses.append(loss.item())
-    return torch.tensor(losses, dtype=torch.float64), torch.tensor(grads, dtype=torch.float64)
+    grads = torch.tensor(grads, dtype=torch.float64)  # (num_steps, 3)
+    return torch.tensor(losses, dtype=torch.float64), grads if all_grads else grads[0]
 
 
 # --------------------------------------------------------------------------- the task
@@ -121,6 +136,44 @@ def test_sgd_is_the_readable_loop_and_its_first_step_is_lr_times_the_gradient():
     torch.testing.assert_close(result.first_update_rms[0], 0.5 * grads / 16, rtol=1e-4, atol=0)
 
 
+def test_update_rms_records_every_step():
+    result = train_marked_token("nn.Linear", seeds=[2], num_steps=15, optimizer="sgd", lr=0.5)
+    _, grads = readable_loop(attnlib.SelfAttention_v2, 2, 15, optimizer="sgd", lr=0.5,
+                             all_grads=True)
+    assert result.update_rms.shape == (1, 15, 3) and result.update_rms.dtype == torch.float64
+    # Every SGD step, not only the first, is -lr * that step's gradient.
+    torch.testing.assert_close(result.update_rms[0], 0.5 * grads / 16, rtol=1e-4, atol=1e-9)
+    assert torch.equal(result.first_update_rms, result.update_rms[:, 0])
+
+
+@pytest.mark.parametrize(
+    ("init", "value_init", "cls", "value_cls"),
+    [("torch.rand", "nn.Linear", attnlib.SelfAttention_v1, attnlib.SelfAttention_v2),
+     ("nn.Linear", "torch.rand", attnlib.SelfAttention_v2, attnlib.SelfAttention_v1)],
+)
+def test_value_init_swaps_w_value_only(init, value_init, cls, value_cls):
+    result = train_marked_token(init, seeds=[0, 3], num_steps=40, value_init=value_init)
+    assert (result.init, result.value_init) == (init, value_init)
+    for row, seed in enumerate((0, 3)):
+        losses, grads = readable_loop(cls, seed, 40, value_cls=value_cls)
+        torch.testing.assert_close(result.losses[row], losses, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(result.initial_grad_norm[row], grads, rtol=1e-4, atol=1e-7)
+    # W_query and W_key are init's: the scores at the start are those of init alone.
+    alone = train_marked_token(init, seeds=[0, 3], num_steps=1)
+    assert alone.value_init == init
+    torch.testing.assert_close(result.score_margin[:, 0], alone.score_margin[:, 0])
+    assert not torch.allclose(result.losses[:, 0], alone.losses[:, 0])
+
+
+def test_adam_beta2_is_passed_to_adam():
+    result = train_marked_token("torch.rand", seeds=[1], num_steps=30, adam_beta2=0.9)
+    assert result.adam_beta2 == 0.9
+    losses, _ = readable_loop(attnlib.SelfAttention_v1, 1, 30, beta2=0.9)
+    torch.testing.assert_close(result.losses[0], losses, rtol=1e-4, atol=1e-6)
+    default, _ = readable_loop(attnlib.SelfAttention_v1, 1, 30)
+    assert not torch.allclose(losses, default, rtol=1e-3, atol=0)
+
+
 @pytest.mark.parametrize("init", INITIALISATIONS)
 def test_adams_first_step_moves_every_weight_by_about_lr_whatever_the_gradient(init):
     result = train_marked_token(init, seeds=[0], num_steps=1, lr=0.01)
@@ -163,9 +216,10 @@ def test_steps_to_threshold_counts_steps_before_the_first_loss_below_it():
                           dtype=torch.float64)
     zeros = torch.zeros(3, dtype=torch.float64)
     result = MarkedTokenTraining(
-        init="nn.Linear", optimizer="adam", lr=0.01, seeds=(0, 1, 2), threshold=0.01,
-        losses=losses, weight_on_marked=losses, score_margin=losses, initial_max_weight=zeros,
-        initial_grad_norm=torch.zeros(3, 3), first_update_rms=torch.zeros(3, 3),
+        init="nn.Linear", value_init="nn.Linear", optimizer="adam", lr=0.01, adam_beta2=0.999,
+        seeds=(0, 1, 2), threshold=0.01, losses=losses, weight_on_marked=losses,
+        score_margin=losses, initial_max_weight=zeros, initial_grad_norm=torch.zeros(3, 3),
+        update_rms=torch.zeros(3, 4, 3),
         final_loss=zeros, final_weight_on_marked=zeros,
     )
     assert result.steps_to_threshold.tolist() == [2, -1, 0]
@@ -189,6 +243,12 @@ def test_the_nn_linear_start_learns_the_lookup_and_the_torch_rand_start_not_yet(
     [
         ({"init": "rand"}, ValueError, r"init must be one of .*got init='rand'"),
         ({"init": 3}, TypeError, "init must be a str"),
+        ({"value_init": "linear"}, ValueError, r"value_init must be one of .*got value_init="),
+        ({"value_init": 1}, TypeError, "value_init must be a str"),
+        ({"adam_beta2": 1.0}, ValueError, r"adam_beta2 must be in \[0, 1\), got adam_beta2=1.0"),
+        ({"adam_beta2": -0.1}, ValueError, r"adam_beta2 must be in \[0, 1\)"),
+        ({"adam_beta2": "0.9"}, TypeError, "adam_beta2 must be a real number, got str"),
+        ({"adam_beta2": True}, TypeError, "adam_beta2 must be a real number, got bool"),
         ({"optimizer": "adamw"}, ValueError, r"optimizer must be one of \('adam', 'sgd'\)"),
         ({"seeds": []}, ValueError, "at least one seed"),
         ({"seeds": [1, 1]}, ValueError, "different from one another"),
