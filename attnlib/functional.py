@@ -226,8 +226,8 @@ def sliding_window_mask(
 
     Token ``i`` may attend to keys ``j`` with ``i - window < j <= i``: at most
     ``window`` keys, the most recent ones. Stacked layers still pass
-    information further back (``L`` layers reach about ``L * window``
-    tokens), and a KV cache needs to keep only the last ``window`` keys and
+    information further back (``L`` layers reach ``L * (window - 1)``
+    tokens back), and a KV cache needs to keep only the last ``window`` keys and
     values. ``window >= num_tokens`` gives :func:`causal_mask`.
 
     Args:
