@@ -31,7 +31,8 @@ class BookSelfAttention(nn.Module):
         return attn_weights @ values
 
 
-def variant(*, scale="sqrt_dk", dim=-1, swap=False, raw_weight=False, dot_t=False):
+def variant(*, scale="sqrt_dk", dim=-1, swap=False, raw_weight=False, dot_t=False,
+            weights="softmax"):
     """A SelfAttention_v2-like class with one deliberate mistake."""
 
     class Variant(BookSelfAttention):
@@ -46,8 +47,17 @@ def variant(*, scale="sqrt_dk", dim=-1, swap=False, raw_weight=False, dot_t=Fals
             keys_t = keys.T if dot_t else keys.transpose(-2, -1)
             scores = queries @ keys_t
             divisor = {"sqrt_dk": keys.shape[-1] ** 0.5, "none": 1.0,
-                       "sqrt_d_in": x.shape[-1] ** 0.5, "d_k": keys.shape[-1]}[scale]
-            return torch.softmax(scores / divisor, dim=dim) @ values
+                       "sqrt_d_in": x.shape[-1] ** 0.5, "d_k": keys.shape[-1],
+                       "times_sqrt_dk": keys.shape[-1] ** -0.5,
+                       "sqrt_num_tokens": keys.shape[0] ** 0.5}[scale]
+            if weights == "scaled_after":
+                return torch.softmax(scores, dim=dim) / keys.shape[-1] ** 0.5 @ values
+            if weights == "none":
+                return scores / divisor @ values
+            attn_weights = torch.softmax(scores / divisor, dim=dim)
+            if weights == "transposed":
+                attn_weights = attn_weights.transpose(-2, -1)
+            return attn_weights @ values
 
     return Variant
 
@@ -110,6 +120,11 @@ def shared_memory(sa_v1, sa_v2):
         setattr(sa_v1, name, nn.Parameter(getattr(sa_v2, name).weight.T))
 
 
+def new_parameters(sa_v1, sa_v2):
+    for name in ("W_query", "W_key", "W_value"):
+        setattr(sa_v1, name, nn.Parameter(getattr(sa_v2, name).weight.T.clone()))
+
+
 def without_no_grad(sa_v1, sa_v2):
     sa_v1.W_query.copy_(sa_v2.W_query.weight.T)
 
@@ -144,8 +159,15 @@ def test_the_reference_and_the_books_solution_pass(capsys):
         (variant(dim=1), "softmax over the queries"),
         (variant(swap=True), "swaps queries and keys"),
         (variant(raw_weight=True), "multiplies by the stored weight, x @ W.weight"),
+        (variant(scale="times_sqrt_dk"), "multiplies the scores by sqrt(d_k) instead"),
+        (variant(scale="sqrt_num_tokens"), "divides the scores by sqrt(num_tokens)"),
+        (variant(weights="scaled_after"), "divides the attention weights by sqrt(d_k) after"),
+        (variant(weights="transposed"), "multiplies the values by the transposed weights"),
+        (variant(weights="none"), "leaves out the softmax"),
     ],
-    ids=["unscaled", "sqrt_d_in", "d_k", "dim-2", "dim0", "dim1", "swapped", "raw_weight"],
+    ids=["unscaled", "sqrt_d_in", "d_k", "dim-2", "dim0", "dim1", "swapped", "raw_weight",
+         "times_sqrt_dk", "sqrt_num_tokens", "scaled_after", "weights_transposed",
+         "no_softmax"],
 )
 def test_each_wrong_forward_is_named(answer, named):
     with pytest.raises(CheckFailed) as failure:
@@ -260,16 +282,17 @@ def test_the_books_transfer_passes(capsys):
     ("answer", "named"),
     [
         (no_transpose, "forgot the transpose"),
-        (no_transpose_reshaped, "forgot the transpose"),
+        (no_transpose_reshaped, "reshape and view keep the numbers in their order"),
         (mixed_up, "mixed up the matrices: sa_v1.W_query holds sa_v2.W_key.weight.T"),
         (wrong_direction, "copied in the wrong direction"),
         (shared_memory, "share memory with sa_v2.W_query.weight"),
+        (new_parameters, "replaced sa_v1.W_query by a new nn.Parameter instead of copying"),
         (without_no_grad, "torch.no_grad()"),
         (does_nothing, "did not change sa_v1.W_query"),
         (forgets_one, "did not change sa_v1.W_value"),
     ],
     ids=["no_transpose", "no_transpose_reshaped", "mixed_up", "wrong_direction",
-         "shared_memory", "no_grad", "nothing", "forgets_one"],
+         "shared_memory", "new_parameters", "no_grad", "nothing", "forgets_one"],
 )
 def test_each_wrong_transfer_is_named(answer, named):
     with pytest.raises(CheckFailed) as failure:

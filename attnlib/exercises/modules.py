@@ -86,6 +86,23 @@ def _wrong_context_vecs(reference: SelfAttention_v2, x: torch.Tensor) -> dict[st
         "token i is scored with the key of i against the queries of the others. Compute "
         "queries @ keys.transpose(-2, -1)":
             attend(scores.transpose(-2, -1) / math.sqrt(d_k)),
+        "multiplies the scores by sqrt(d_k) instead of dividing them by it":
+            attend(scores * math.sqrt(d_k)),
+        "divides the scores by sqrt(num_tokens) (keys.shape[0] or x.shape[-2] is the "
+        "number of tokens on one sequence); the scale is sqrt(d_k), the size of the keys: "
+        "keys.shape[-1] ** 0.5":
+            attend(scores / math.sqrt(x.shape[-2])),
+        "divides the attention weights by sqrt(d_k) after the softmax, so rows no longer "
+        "sum to 1; the scale belongs to the scores, inside the softmax":
+            torch.softmax(scores, dim=-1) / math.sqrt(d_k) @ values,
+        "multiplies the values by the transposed weights (attn_weights^T @ values): "
+        "row i of attn_weights holds query i's weights over the keys, so the context "
+        "vectors are attn_weights @ values":
+            torch.softmax(scores / math.sqrt(d_k), dim=-1).transpose(-2, -1) @ values,
+        "leaves out the softmax: (scores / sqrt(d_k)) @ values is no longer a weighted "
+        "average of the values. Turn the scores into weights with "
+        "torch.softmax(..., dim=-1)":
+            (scores / math.sqrt(d_k)) @ values,
     }
     if d_in == reference.d_out:
         untransposed = [x @ layer.weight for layer in
@@ -160,9 +177,12 @@ def check_self_attention_v2(cls: type, *, device: torch.device | str | None = No
     ``(3, 4)`` and a batch ``(2, 3, 4)``; ``(5, 3)`` on a batch ``(2, 4, 5)``
     and one sequence ``(4, 5)``; and ``(5, 3)`` with ``qkv_bias=True``.
 
-    Recognised mistakes: scores not scaled, scaled by ``sqrt(d_in)`` or by
-    ``d_k``; softmax over the queries (``dim=-2``, or a fixed ``dim=0`` or
-    ``dim=1`` that is wrong on one sequence or on a batch);
+    Recognised mistakes: scores not scaled, scaled by ``sqrt(d_in)``, by
+    ``sqrt(num_tokens)`` or by ``d_k``, multiplied by ``sqrt(d_k)``; the
+    weights divided by ``sqrt(d_k)`` after the softmax, transposed before they
+    meet the values, or no softmax at all; softmax over the queries
+    (``dim=-2``, or a fixed ``dim=0`` or ``dim=1`` that is wrong on one
+    sequence or on a batch);
     queries and keys swapped (the transposed score matrix); ``x @ W.weight``
     instead of ``W(x)`` (the weight used untransposed); ``qkv_bias`` not passed
     on to ``nn.Linear``; ``nn.Linear(d_out, d_in)``; no ``forward``; code that
@@ -286,7 +306,9 @@ def check_weight_transfer(fn: Callable[..., Any], *,
     Recognised mistakes: the transpose forgotten; two matrices mixed up (for
     instance ``W_key`` copied into ``W_query``); the copy made in the other
     direction (``sa_v1`` into ``sa_v2``); parameters that share ``sa_v2``'s
-    memory; the copy written outside ``torch.no_grad()``.
+    memory, or new parameters put in place of ``sa_v1``'s own (not a copy in
+    place: an optimiser built earlier would keep the old ones); the copy written
+    outside ``torch.no_grad()``.
 
     Args:
         fn: the learner's function; its return value is ignored.
@@ -313,6 +335,7 @@ def check_weight_transfer(fn: Callable[..., Any], *,
         probe = f"modules with d_in={d_in}, d_out={d_out}"
         sa_v1, sa_v2 = _transfer_probe(d_in, d_out, 100 + seed, device)
         v1_before = {n: getattr(sa_v1, n).detach().clone() for n in _NAMES}
+        v1_params = {n: getattr(sa_v1, n) for n in _NAMES}
         v2_before = {n: getattr(sa_v2, n).weight.detach().clone() for n in _NAMES}
         try:
             call_answer(fn, sa_v1, sa_v2, what=what)
@@ -357,6 +380,14 @@ def check_weight_transfer(fn: Callable[..., Any], *,
                     + (" The transpose is missing: use sa_v2.{0}.weight.T.".format(n)
                        if untransposed else "")
                 )
+            if param is not v1_params[n] and not _same_storage(param, getattr(sa_v2, n).weight):
+                raise CheckFailed(
+                    f"{what} replaced sa_v1.{n} by a new nn.Parameter instead of copying into "
+                    f"the existing one (seen on {probe}). The exercise asks for a copy in place: "
+                    "an optimiser built on sa_v1.parameters() before the call would keep "
+                    f"updating the old tensor. Use sa_v1.{n}.copy_(sa_v2.{n}.weight.T) under "
+                    "torch.no_grad()."
+                )
             if _same_storage(param, getattr(sa_v2, n).weight):
                 raise CheckFailed(
                     f"{what} made sa_v1.{n} share memory with sa_v2.{n}.weight (seen on "
@@ -381,7 +412,8 @@ def check_weight_transfer(fn: Callable[..., Any], *,
                     f"{what} forgot the transpose: sa_v1.{n} equals sa_v2.{n}.weight, but "
                     "nn.Linear stores (d_out, d_in) and SelfAttention_v1 uses (d_in, d_out). "
                     f"With a square matrix the copy runs and is silently wrong (seen on "
-                    f"{probe}). Use sa_v2.{n}.weight.T."
+                    f"{probe}). Use sa_v2.{n}.weight.T (reshape and view keep the numbers in "
+                    "their order; they do not transpose)."
                 )
             for other in _NAMES:
                 if other != n and is_close(got, expected[other]):
