@@ -57,6 +57,16 @@ def make(*, first=torch.sin, second=torch.cos, exponent=lambda two_i, i: two_i, 
     return encoding
 
 
+def two_pi(num_positions, d_model):
+    """Angles in cycles rather than radians: sin(2 pi pos omega_i)."""
+    positions = torch.arange(num_positions, dtype=torch.float64)
+    omegas = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    angles = 2 * math.pi * positions[:, None] * omegas[None, :]
+    table = torch.empty(num_positions, d_model, dtype=torch.float64)
+    table[:, 0::2], table[:, 1::2] = torch.sin(angles), torch.cos(angles)
+    return table
+
+
 def test_the_reference_and_right_answers_pass(capsys):
     assert check_sinusoidal_encoding(lambda n, d: attnlib.sinusoidal_encoding(n, d)) is True
     assert check_sinusoidal_encoding(book_sinusoidal_encoding) is True
@@ -75,9 +85,13 @@ def test_the_reference_and_right_answers_pass(capsys):
         (make(base=math.e), "uses base e instead of 10000"),
         (make(start=1), "starts the positions at 1"),
         (make(sign=+1), "forgets the minus sign"),
+        (make(exponent=lambda two_i, i: 2 * two_i), "doubles the exponent"),
+        (two_pi, "multiplies the angles by 2 pi"),
+        (lambda n, d: book_sinusoidal_encoding(n, d).half(), "float16 keeps only about three"),
+        (lambda n, d: book_sinusoidal_encoding(n, d).bfloat16(), "bfloat16 table"),
     ],
     ids=["sin_cos_swapped", "halves", "i_not_2i", "own_index", "base_missing", "start_at_1",
-         "sign"],
+         "sign", "doubled_exponent", "two_pi", "float16", "bfloat16"],
 )
 def test_each_wrong_answer_is_named(answer, named):
     with pytest.raises(CheckFailed) as failure:

@@ -77,6 +77,13 @@ def _wrong_tables(num_positions: int, d_model: int) -> dict[str, torch.Tensor]:
         "forgets the minus sign: omega_i = 10000^(+2i / d_model) grows instead of "
         "shrinking, so later pairs turn faster, not slower":
             _table(positions, 10000.0 ** (2 * pair / d_model), torch.sin, torch.cos, d_model),
+        "doubles the exponent: with the even column index c = 2i (0, 2, 4, ...) the "
+        "exponent is c / d_model, not 2c / d_model (torch.arange(0, d_model, 2) already "
+        "holds the 2i)":
+            _table(positions, 10000.0 ** (-4 * pair / d_model), torch.sin, torch.cos, d_model),
+        "multiplies the angles by 2 pi: omega_i is already an angle per position, in "
+        "radians, so the entry is sin(pos * omega_i), without a factor 2 pi":
+            _table(positions, 2 * torch.pi * omegas, torch.sin, torch.cos, d_model),
     }
 
 
@@ -108,7 +115,10 @@ def check_sinusoidal_encoding(fn: Callable[..., Any], *,
     halves instead of interleaved; the pair index ``i`` in the exponent instead
     of ``2i``; the cosine's own column index ``2i + 1`` in its exponent; base
     ``e`` instead of 10000 (``ln 10000`` missing in the exp form); positions
-    starting at 1; the exponent's minus sign missing.
+    starting at 1; the exponent's minus sign missing; the exponent doubled
+    (``2c / d_model`` with the even column index ``c = 2i``); angles
+    multiplied by ``2 pi``; a float16 or bfloat16 table, right only to about
+    three digits.
 
     Args:
         fn: the learner's function.
@@ -139,8 +149,16 @@ def check_sinusoidal_encoding(fn: Callable[..., Any], *,
         if not out.is_floating_point():
             raise CheckFailed(f"{what} returned dtype {out.dtype}; expected a floating-point "
                               "table (sines and cosines are fractions).")
+        dtype = out.dtype
         out = out.detach().to(device="cpu", dtype=_DTYPE)
         expected = sinusoidal_encoding(num_positions, d_model, dtype=_DTYPE)
+        if dtype in (torch.float16, torch.bfloat16) and not is_close(
+                out, expected, atol=_ATOL, rtol=0.0) and is_close(out, expected, atol=1e-2):
+            raise CheckFailed(
+                f"{what} returned a {dtype} table, whose values differ from the encoding by "
+                f"up to {max_difference(out, expected):.3g}: {dtype} keeps only about three "
+                "decimal digits. Compute and return float32 (or float64)."
+            )
         if is_close(out, expected, atol=_ATOL, rtol=0.0):
             continue
         mistake = name_wrong_answer(out, _wrong_tables(num_positions, d_model), atol=_ATOL,
