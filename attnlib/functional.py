@@ -398,9 +398,10 @@ def scaled_dot_product_attention(
 
     # A query row that no key may be attended from is all -inf (bool mask,
     # causal mask with more queries than keys, or a float mask of -inf), and
-    # softmax would give nan there. torch returns zeros for such rows; so do we.
-    # Filling the row's scores with 0 first keeps nan out of the gradient too.
-    dead_rows = attn_scores.amax(dim=-1, keepdim=True) == float("-inf")  # (..., N_q, 1)
+    # softmax would give nan there. torch returns zeros for such rows; so do we
+    # (with no keys at all, every row is such a row). Filling the row's scores
+    # with 0 first keeps nan out of the gradient too.
+    dead_rows = (attn_scores == float("-inf")).all(dim=-1, keepdim=True)  # (..., N_q, 1)
     attn_scores = attn_scores.masked_fill(dead_rows, 0.0)
     attn_weights = torch.softmax(attn_scores, dim=-1).masked_fill(dead_rows, 0.0)
     if dropout_p > 0.0:

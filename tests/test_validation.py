@@ -42,6 +42,22 @@ def test_float_mask_with_a_fully_masked_row_has_finite_gradients():
     assert torch.equal(query.grad[0], torch.zeros(4, dtype=torch.float64))
 
 
+def test_no_keys_at_all_gives_zeros_like_torch():
+    query = torch.randn(2, 3, 4, dtype=torch.float64)
+    key = torch.randn(2, 0, 4, dtype=torch.float64)
+    value = torch.randn(2, 0, 5, dtype=torch.float64)
+    ours, weights = AF.scaled_dot_product_attention(query, key, value, return_weights=True)
+    torch.testing.assert_close(ours, F.scaled_dot_product_attention(query, key, value))
+    assert ours.shape == (2, 3, 5) and weights.shape == (2, 3, 0)
+
+
+def test_a_row_of_nan_scores_stays_nan_rather_than_silently_zero():
+    query = torch.full((1, 3), float("nan"), dtype=torch.float64)
+    key = torch.randn(2, 3, dtype=torch.float64)
+    value = torch.randn(2, 2, dtype=torch.float64)
+    assert torch.isnan(AF.scaled_dot_product_attention(query, key, value)).all()
+
+
 @pytest.mark.parametrize("fn", [AF.softmax, AF.softmax_naive], ids=["softmax", "softmax_naive"])
 @pytest.mark.parametrize("shape, dim", [((0,), 0), ((3, 0), -1), ((0, 4), 0)])
 def test_softmax_of_an_empty_dimension_is_empty_like_torch(fn, shape, dim):
