@@ -6,8 +6,10 @@ Functions are grouped by concept, not by chapter:
 * :mod:`attnlib.functional` - softmax, weight-free attention, causal masks,
   a readable reference of scaled dot-product attention, and its tiled form
   ``flash_attention`` (FlashAttention in PyTorch, :mod:`attnlib.flash`).
-* :mod:`attnlib.attention` - the attention modules, from ``SelfAttention_v1``
-  to ``MultiHeadAttention``.
+* :mod:`attnlib.attention` - the single-head attention modules, from
+  ``SelfAttention_v1`` to ``CausalAttention``.
+* :mod:`attnlib.multihead` - ``MultiHeadAttentionWrapper`` and
+  ``MultiHeadAttention`` (also importable from :mod:`attnlib.attention`).
 * :mod:`attnlib.positional` - positional encodings, rotary embeddings (RoPE).
 * :mod:`attnlib.kv_cache` - the key-value cache for generating token by token.
 * :mod:`attnlib.gqa` - grouped-query (and multi-query) attention.
