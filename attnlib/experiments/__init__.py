@@ -1,0 +1,70 @@
+"""Measured experiments behind the course's claims, starting with why attention
+scores are divided by ``sqrt(d_k)``.
+
+Chapter 3's experiments draw queries and keys whose components are independent
+standard normal numbers (mean 0, variance 1), the setting of Vaswani et al.
+(2017), footnote 4, and measure what happens as the key dimension ``d_k``
+grows, with and without the ``1 / sqrt(d_k)`` scale:
+
+* :func:`dot_product_variance` - the variance of ``q . k`` (it grows like ``d_k``).
+* :func:`softmax_peakiness` - the largest attention weight and the entropy of
+  the weights (the softmax becomes one-hot).
+* :func:`query_gradient_norm` - the size of the gradient that reaches each
+  query, ``d w / d q`` including the chain-rule factor of the scale (scaled,
+  it keeps one size; unscaled, it becomes heavy-tailed), built on
+  :func:`softmax_jacobian`.
+
+Every function is seeded (``seed``) and deterministic: it draws its random
+numbers in float32, computes with them in float64, and returns a small frozen
+dataclass of float64 tensors with one entry per ``d_k``, ready to print or
+plot. With the defaults and ``d_ks = [1, 2, 4, ..., 1024]`` each takes about a
+second on a 2-core CPU, and memory stays at a few MB (draws are chunked).
+
+Shape legend: ``num_d_k`` is ``len(d_ks)``; ``num_samples`` is the number of
+independent draws per ``d_k``; ``num_tokens`` is the number of keys each query
+attends over.
+
+Chapter 4's experiment asks whether the initialisation decides how attention
+learns: :func:`train_marked_token` trains ``SelfAttention_v1``'s forward from
+each start in :data:`INITIALISATIONS`, several seeds at once, on
+:func:`marked_token_batch`'s task, and returns a :class:`MarkedTokenTraining`.
+
+The code lives by concept in private modules (``_scaling`` for chapter 3,
+``_initialisation`` for chapter 4, ``_common`` for what they share); every
+public name is re-exported here, so use ``from attnlib import experiments`` and
+``experiments.<name>``.
+"""
+
+from __future__ import annotations
+
+from ._initialisation import (
+    INITIALISATIONS,
+    OPTIMIZERS,
+    MarkedTokenTraining,
+    marked_token_batch,
+    train_marked_token,
+)
+from ._scaling import (
+    DotProductVariance,
+    QueryGradientNorm,
+    SoftmaxPeakiness,
+    dot_product_variance,
+    query_gradient_norm,
+    softmax_jacobian,
+    softmax_peakiness,
+)
+
+__all__ = [
+    "DotProductVariance",
+    "SoftmaxPeakiness",
+    "QueryGradientNorm",
+    "dot_product_variance",
+    "softmax_peakiness",
+    "query_gradient_norm",
+    "softmax_jacobian",
+    "INITIALISATIONS",
+    "OPTIMIZERS",
+    "MarkedTokenTraining",
+    "marked_token_batch",
+    "train_marked_token",
+]

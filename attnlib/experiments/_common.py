@@ -1,0 +1,8 @@
+"""What the experiments of :mod:`attnlib.experiments` share."""
+
+from __future__ import annotations
+
+import torch
+
+#: The dtype of every tensor an experiment returns (its arithmetic is float64 too).
+_DTYPE = torch.float64
