@@ -32,19 +32,31 @@ each start in :data:`INITIALISATIONS`, several seeds at once, on
 The code lives by concept in private modules (``_scaling`` for chapter 3,
 ``_initialisation`` for chapter 4, ``_common`` for what they share); every
 public name is re-exported here, so use ``from attnlib import experiments`` and
-``experiments.<name>``.
+``experiments.<name>``. The public constants are defined here, before those
+modules are imported, so that they are documented in one place.
 """
 
 from __future__ import annotations
 
-from ._initialisation import (
-    INITIALISATIONS,
-    OPTIMIZERS,
+#: The starts :func:`train_marked_token` compares. The first two are the
+#: classes' own; the last two change ``torch.rand``'s draws in one respect each
+#: (centred on zero; shrunk to the width of ``nn.Linear``'s range), to test
+#: which property of the ``torch.rand`` start matters. ``value_init`` can give
+#: ``W_value`` another of these starts than ``W_query`` and ``W_key``, to test
+#: which matrices carry the difference.
+INITIALISATIONS = ("torch.rand", "nn.Linear", "torch.rand - 0.5", "torch.rand / sqrt(d_in)")
+
+#: The optimisers :func:`train_marked_token` can train with.
+OPTIMIZERS = ("adam", "sgd")
+
+
+# The submodules import the constants above from this package, so they come after them.
+from ._initialisation import (  # noqa: E402
     MarkedTokenTraining,
     marked_token_batch,
     train_marked_token,
 )
-from ._scaling import (
+from ._scaling import (  # noqa: E402
     DotProductVariance,
     QueryGradientNorm,
     SoftmaxPeakiness,

@@ -20,6 +20,7 @@ import torch
 
 from .._validation import check_int, type_name
 from ..attention import SelfAttention_v1, SelfAttention_v2
+from . import INITIALISATIONS, OPTIMIZERS
 from ._common import _DTYPE
 
 __all__ = [
@@ -29,17 +30,6 @@ __all__ = [
     "marked_token_batch",
     "train_marked_token",
 ]
-
-#: The starts :func:`train_marked_token` compares. The first two are the
-#: classes' own; the last two change ``torch.rand``'s draws in one respect each
-#: (centred on zero; shrunk to the width of ``nn.Linear``'s range), to test
-#: which property of the ``torch.rand`` start matters. ``value_init`` can give
-#: ``W_value`` another of these starts than ``W_query`` and ``W_key``, to test
-#: which matrices carry the difference.
-INITIALISATIONS = ("torch.rand", "nn.Linear", "torch.rand - 0.5", "torch.rand / sqrt(d_in)")
-
-#: The optimisers :func:`train_marked_token` can train with.
-OPTIMIZERS = ("adam", "sgd")
 
 # The evaluation batch after training is the same for every seed and start.
 _EVAL_SEED = 999
