@@ -196,11 +196,11 @@ def test_reference_needs_more_memory_than_fast_path(mode):
     contestants = bench.make_contestants(
         D_MODEL, NUM_HEADS, num_tokens, names=["reference", "attnlib"], device="cpu")
     x = _x(num_tokens, batch=1)
-    prepared = bench._prepare(contestants, x, mode, seed=0)
+    prepared = bench._timing._prepare(contestants, x, mode, seed=0)
     peaks = {}
     for name, (c, inputs, step) in prepared.items():
         peaks[name] = bench.peak_memory_bytes(step, "cpu")
-        bench._clear_grads(c, inputs)
+        bench._timing._clear_grads(c, inputs)
     weights_bytes = NUM_HEADS * num_tokens * num_tokens * 4
     assert peaks["reference"] >= weights_bytes
     assert peaks["reference"] > 2 * peaks["attnlib"]
@@ -240,8 +240,8 @@ def test_run_benchmark_rejects_unknown_mode_and_contestant():
 
 def test_quick_run_writes_json_with_the_documented_schema(tmp_path, monkeypatch, capsys):
     # Impossible thresholds make every target fail: --check must then exit 1.
-    monkeypatch.setattr(bench, "TARGET_VS_TORCH_MHA", 0.0)
-    monkeypatch.setattr(bench, "TARGET_VS_BARE_KERNELS", 0.0)
+    monkeypatch.setattr(bench._benchmark, "TARGET_VS_TORCH_MHA", 0.0)
+    monkeypatch.setattr(bench._benchmark, "TARGET_VS_BARE_KERNELS", 0.0)
     out = tmp_path / "bench.json"
     status = bench.main(["--quick", "--seq-lens", "32", "--reps", "2", "--warmup", "0",
                          "--device", "cpu", "--out", str(out), "--check",
@@ -300,7 +300,7 @@ def test_quick_run_writes_json_with_the_documented_schema(tmp_path, monkeypatch,
 
 
 def test_without_check_a_missed_target_still_exits_0(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "TARGET_VS_BARE_KERNELS", 0.0)
+    monkeypatch.setattr(bench._benchmark, "TARGET_VS_BARE_KERNELS", 0.0)
     out = tmp_path / "b.json"
     status = bench.main(["--quick", "--seq-lens", "16", "--reps", "1", "--warmup", "0",
                          "--modes", "forward", "--contestants", "attnlib", "bare_kernels",

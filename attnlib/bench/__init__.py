@@ -1,0 +1,170 @@
+"""Time and measure causal multi-head self-attention: ``python -m attnlib.bench``.
+
+The benchmark compares, on one device and in one run, six ways to compute (or
+part of) one causal self-attention layer of GPT-2-small's size
+(``d_model=768``, ``num_heads=12``, so ``head_dim=64``):
+
+* ``reference`` - :class:`attnlib.MultiHeadAttention` on its readable path,
+  ``forward(x, return_weights=True)``: it materialises the
+  ``(batch, num_heads, num_tokens, num_tokens)`` attention weights.
+* ``attnlib`` - :class:`attnlib.MultiHeadAttention`'s fast path, ``forward(x)``,
+  which calls :func:`torch.nn.functional.scaled_dot_product_attention`.
+* ``torch_mha`` - :class:`torch.nn.MultiheadAttention` with ``batch_first=True``,
+  called as ``mha(x, x, x, attn_mask=mask, is_causal=True, need_weights=False)``.
+  Its mask is a bool mask in **torch.nn.MultiheadAttention's polarity, True =
+  masked out** (the opposite of attnlib's). Without gradients (the ``forward``
+  mode) torch may take its fused inference fast path
+  (``torch._native_multi_head_attention``); that is what a user of the module
+  gets, so it is what we time.
+* ``bare_kernels`` - the floor: the bare operations attnlib's fast path needs,
+  as a plain function of weight tensors: ONE fused
+  :func:`torch.nn.functional.linear` projection with a packed
+  ``(3 * d_model, d_model)`` weight (rows: query, key, value, as torch's
+  ``in_proj_weight``; packed once, not per call), ``split`` and
+  ``view``/``transpose`` into heads, ``scaled_dot_product_attention(is_causal=True)``,
+  ``transpose`` back and ``reshape`` (a copy), and the output
+  :func:`~torch.nn.functional.linear`. attnlib can at best match it; the gap
+  is the module's overhead (including stacking its three weights on each call).
+* ``sdpa_only`` - :func:`torch.nn.functional.scaled_dot_product_attention`
+  alone on already projected queries, keys and values, laid out as attnlib
+  passes them (a transposed view of ``(batch, num_tokens, d_model)``): the
+  attention kernel without the projections, to show where the time goes.
+* ``flash_only`` - :func:`attnlib.functional.flash_attention` (tiled, in
+  readable PyTorch) on the same inputs as ``sdpa_only``: the course's
+  FlashAttention against torch's fused kernel.
+
+Two sweeps of one attention kernel follow (:func:`run_memory_sweep`,
+:func:`run_kernel_timing`): peak memory for one head of ``head_dim=64``,
+causal, N up to 16 384, of the readable path, torch's fused kernel and
+``flash_attention``, with fitted log-log slopes and a plot
+(:func:`plot_memory_sweep`); and the time of ``flash_attention`` for several
+block sizes against torch's fused kernel at N = 4 096 with 8 heads.
+
+Fairness: every full-layer contestant computes the same function with the same
+weights (:func:`check_agreement` verifies it before timing). attnlib's
+``qkv_bias`` decides whether the query, key and value projections have a bias;
+its ``out_proj`` always has one. ``torch.nn.MultiheadAttention(bias=True)`` has
+biases on both its packed input projection and its output projection, and
+``bias=False`` on neither, so the like-for-like pair is attnlib with
+``qkv_bias=True`` against torch with ``bias=True``: that is the default here
+(and GPT-2's own configuration). With ``--no-qkv-bias`` attnlib and
+``bare_kernels`` drop the three input biases and torch gets ``bias=True`` with
+its input bias fixed at zero, so all still compute the same function (torch
+then adds a zero bias, which costs it a little).
+
+Everything runs in evaluation mode (dropout off), float32 by default, causal.
+Two modes are timed: ``forward`` (under :func:`torch.inference_mode`) and
+``forward_backward`` (the input and the parameters require gradients; the
+forward is followed by ``out.backward(grad_output)`` with a fixed random
+``grad_output``; gradients are set to ``None`` between repetitions, outside the
+timed region).
+
+Timing: ``warmup`` untimed and then ``reps`` timed repetitions with
+:func:`time.perf_counter` (with :func:`torch.cuda.synchronize` around each call
+on CUDA), with Python's garbage collector off. The contestants are interleaved
+round-robin inside every repetition (and the order rotates), so a slow drift of
+the machine's load hits all of them alike. Reported: median and interquartile
+range (IQR) of the per-call times.
+
+Peak memory, reported as the peak of the bytes allocated during one call above
+what was allocated when it started (activations, outputs, gradients; not the
+weights or the input), measured in one separate, untimed call:
+
+* on CUDA, :func:`torch.cuda.max_memory_allocated` after
+  :func:`torch.cuda.reset_peak_memory_stats`;
+* on the CPU, which keeps no allocator statistics, by
+  :class:`torch.profiler.profile` with ``profile_memory=True``: it records every
+  allocation and free of PyTorch's CPU allocator, and the peak is the maximum of
+  their running sum in time order. This counts all tensors, including the
+  kernels' internal buffers, but not memory allocated outside PyTorch's
+  allocator (for example by BLAS libraries).
+
+Outputs: a table on stdout, a verdict line per target, sequence length and mode,
+a JSON file (see :func:`run_benchmark`, :func:`run_memory_sweep` and
+:func:`run_kernel_timing` for its schema) and a PNG of the memory sweep.
+
+The code lives by concept in private modules: ``_contestants`` (the six
+contestants, their FLOPs and agreement), ``_timing``, ``_memory``,
+``_benchmark`` (:func:`run_benchmark`), ``_sweeps`` (the kernel sweeps),
+``_report`` (the tables) and ``_cli`` (:func:`main`, run by ``python -m
+attnlib.bench`` through ``__main__.py``). Every public name is re-exported
+here; the public constants are defined here, before those modules are
+imported, so that they are documented in one place.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CONTESTANTS",
+    "MODES",
+    "Contestant",
+    "attention_flops",
+    "make_contestants",
+    "check_agreement",
+    "peak_memory_bytes",
+    "time_contestants",
+    "run_benchmark",
+    "run_memory_sweep",
+    "run_kernel_timing",
+    "plot_memory_sweep",
+    "loglog_slope",
+    "format_table",
+    "format_sweeps",
+    "main",
+    "MEMORY_SWEEP_SEQ_LENS",
+    "TARGET_VS_TORCH_MHA",
+    "TARGET_VS_TORCH_MHA_FORWARD_LONG",
+    "TARGET_VS_BARE_KERNELS",
+    "TARGET_FLASH_VS_SDPA",
+    "TARGET_FLASH_MEMORY_BYTES",
+    "TARGET_REFERENCE_MEMORY_BYTES",
+]
+
+CONTESTANTS = ("reference", "attnlib", "torch_mha", "bare_kernels", "sdpa_only", "flash_only")
+"""The contestants' names, in the order they are reported."""
+
+MODES = ("forward", "forward_backward")
+"""The timed modes."""
+
+TARGET_VS_TORCH_MHA = 1.0 / 0.9
+"""attnlib's time may be at most this multiple of torch_mha's (speed >= 0.9x)."""
+
+TARGET_VS_TORCH_MHA_FORWARD_LONG = 0.5
+"""In ``forward`` mode at N >= 1024, attnlib's time may be at most this multiple of torch_mha's."""
+
+TARGET_VS_BARE_KERNELS = 1.03
+"""attnlib's time may be at most this multiple of bare_kernels' (the fused-QKV floor)."""
+
+TARGET_FLASH_VS_SDPA = 3.0
+"""flash_attention's time may be at most this multiple of torch's fused kernel (kernel timing)."""
+
+TARGET_FLASH_MEMORY_BYTES = 128 * 2**20
+"""flash_attention's peak memory above its inputs at the sweep's largest N (one head, d=64)."""
+
+TARGET_REFERENCE_MEMORY_BYTES = 2**30
+"""The readable path's scores and weights at the sweep's largest N must exceed this."""
+
+SCHEMA_VERSION = 2
+
+MEMORY_SWEEP_SEQ_LENS = (256, 512, 1024, 2048, 4096, 8192, 16384)
+"""Default sequence lengths of :func:`run_memory_sweep`."""
+
+
+# The submodules import the constants above from this package, so they come after them.
+from ._benchmark import run_benchmark  # noqa: E402
+from ._cli import main  # noqa: E402
+from ._contestants import (  # noqa: E402
+    Contestant,
+    attention_flops,
+    check_agreement,
+    make_contestants,
+)
+from ._memory import peak_memory_bytes  # noqa: E402
+from ._report import format_sweeps, format_table  # noqa: E402
+from ._sweeps import (  # noqa: E402
+    loglog_slope,
+    plot_memory_sweep,
+    run_kernel_timing,
+    run_memory_sweep,
+)
+from ._timing import time_contestants  # noqa: E402

@@ -1,0 +1,168 @@
+"""The command line, ``python -m attnlib.bench`` (:func:`main`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+
+import torch
+
+from . import CONTESTANTS, MEMORY_SWEEP_SEQ_LENS, MODES, SCHEMA_VERSION
+from ._benchmark import run_benchmark
+from ._report import format_sweeps, format_table
+from ._sweeps import plot_memory_sweep, run_kernel_timing, run_memory_sweep
+
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64,
+           "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m attnlib.bench",
+        description=(
+            "Time causal multi-head self-attention (GPT-2-small layer size by default): "
+            "attnlib's readable reference, attnlib's fast path, torch.nn.MultiheadAttention, "
+            "the bare kernels attnlib needs (one fused QKV projection), and "
+            "scaled_dot_product_attention and attnlib's flash_attention alone. "
+            "Reports median time, GFLOP/s and peak memory, writes JSON, and checks the "
+            "targets: attnlib at least 0.9x torch_mha's speed (and at most 0.5x its time "
+            "in forward at N >= 1024), and within 1.03x of the bare kernels' time. Then a "
+            "memory sweep of one attention call (N up to 16384, with a log-log plot) and "
+            "flash_attention's time against torch's fused kernel at N=4096, 8 heads."),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--seq-lens", type=int, nargs="+", default=None, metavar="N",
+                   help="sequence lengths (default 256 512 1024 2048; --quick: 32 64)")
+    p.add_argument("--batch", type=int, default=1, help="sequences per call")
+    p.add_argument("--d-model", type=int, default=None,
+                   help="embedding size (default 768; --quick: 64)")
+    p.add_argument("--num-heads", type=int, default=None,
+                   help="attention heads (default 12; --quick: 4)")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
+                   help="what to time")
+    p.add_argument("--contestants", nargs="+", choices=CONTESTANTS, default=list(CONTESTANTS),
+                   help="which implementations to time")
+    p.add_argument("--reps", type=int, default=None,
+                   help="timed repetitions per length and mode (default 15; --quick: 3)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="untimed repetitions first (default 2; --quick: 1)")
+    p.add_argument("--device", default=None,
+                   help="torch device, e.g. cpu or cuda (default: attnlib.get_device())")
+    p.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="dtype")
+    p.add_argument("--qkv-bias", action=argparse.BooleanOptionalAction, default=True,
+                   help="biases on the query/key/value projections (torch's bias=True matches)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch.set_num_threads before running (default: torch's choice)")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    p.add_argument("--seed", type=int, default=0, help="seed for weights and inputs")
+    p.add_argument("--out", default="bench.json", help="where to write the JSON results")
+    p.add_argument("--check", action="store_true",
+                   help="exit with status 1 when a target is missed")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny sizes for a smoke test (d_model 64, 4 heads, N 32 64, 3 reps; "
+                        "sweeps at N <= 256)")
+    p.add_argument("--skip-layer", action="store_true",
+                   help="skip the layer benchmark (run only the sweeps)")
+    p.add_argument("--no-memory-sweep", action="store_true", help="skip the memory sweep")
+    p.add_argument("--memory-seq-lens", type=int, nargs="+", default=None, metavar="N",
+                   help="memory sweep lengths (default 256 ... 16384; --quick: 64 128 256)")
+    p.add_argument("--max-reference-tokens", type=int, default=None,
+                   help="largest N the readable path runs at in the memory sweep; beyond it "
+                        "its memory is extrapolated (default 4096; --quick: 128)")
+    p.add_argument("--plot", default="bench_memory.png",
+                   help="where to save the memory sweep's log-log plot ('' for none)")
+    p.add_argument("--no-kernel-timing", action="store_true",
+                   help="skip timing flash_attention against torch's fused kernel")
+    p.add_argument("--kernel-tokens", type=int, default=None,
+                   help="N of the kernel timing (default 4096; --quick: 128)")
+    p.add_argument("--kernel-heads", type=int, default=None,
+                   help="heads of the kernel timing (default 8; --quick: 2)")
+    p.add_argument("--kernel-block-sizes", type=int, nargs="+", default=None,
+                   help="flash_attention block sizes to time (default 128 256 512; "
+                        "--quick: 16 64)")
+    p.add_argument("--kernel-reps", type=int, default=None,
+                   help="timed repetitions of the kernel timing (default 5; --quick: 2)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point: ``python -m attnlib.bench [options]``.
+
+    Args:
+        argv: the arguments (default ``sys.argv[1:]``); see ``--help``.
+
+    Returns:
+        The exit status: 0, or 1 with ``--check`` when a target is missed.
+        Bad arguments (a non-positive size, an unknown device, ...) exit with
+        status 2 and a message, as argparse does.
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    quick = args.quick
+    seq_lens = args.seq_lens or ([32, 64] if quick else [256, 512, 1024, 2048])
+    d_model = args.d_model or (64 if quick else 768)
+    num_heads = args.num_heads or (4 if quick else 12)
+    reps = args.reps if args.reps is not None else (3 if quick else 15)
+    warmup = args.warmup if args.warmup is not None else (1 if quick else 2)
+    if args.threads is not None:
+        if args.threads <= 0:
+            parser.error(f"--threads must be positive, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    try:
+        device = torch.device(args.device) if args.device is not None else None
+    except RuntimeError as exc:
+        parser.error(f"--device {args.device!r} is not a torch device: {exc}")
+    if device is not None and device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device!r} asked for CUDA, but CUDA is not available")
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    dtype = _DTYPES[args.dtype]
+    memory_lens = args.memory_seq_lens or ([64, 128, 256] if quick else
+                                           list(MEMORY_SWEEP_SEQ_LENS))
+    max_reference = args.max_reference_tokens or (128 if quick else 4096)
+    kernel_tokens = args.kernel_tokens or (128 if quick else 4096)
+    kernel_heads = args.kernel_heads or (2 if quick else 8)
+    kernel_blocks = args.kernel_block_sizes or ([16, 64] if quick else [128, 256, 512])
+    kernel_reps = args.kernel_reps or (2 if quick else 5)
+    try:
+        if args.skip_layer:
+            result = {"schema_version": SCHEMA_VERSION, "metadata": {}, "records": [],
+                      "verdicts": [], "all_targets_met": True}
+        else:
+            result = run_benchmark(
+                seq_lens, batch=args.batch, d_model=d_model, num_heads=num_heads,
+                modes=args.modes, contestants=args.contestants, reps=reps, warmup=warmup,
+                device=device, dtype=dtype, qkv_bias=args.qkv_bias,
+                measure_memory=not args.no_memory, seed=args.seed, log=log)
+        memory = None if args.no_memory_sweep else run_memory_sweep(
+            memory_lens, max_reference_tokens=max_reference, device=device, dtype=dtype,
+            seed=args.seed, log=log)
+        kernel = None if args.no_kernel_timing else run_kernel_timing(
+            kernel_tokens, num_heads=kernel_heads, block_sizes=kernel_blocks,
+            reps=kernel_reps, warmup=1, device=device, dtype=dtype, seed=args.seed)
+    except (ValueError, TypeError) as exc:
+        parser.error(str(exc))
+    result["memory_sweep"] = memory
+    result["kernel_timing"] = kernel
+    sweep_verdicts = [*(memory or {}).get("verdicts", []), *(kernel or {}).get("verdicts", [])]
+    result["all_targets_met"] = bool(
+        result["all_targets_met"] and all(v["passed"] for v in sweep_verdicts))
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print()
+    if not args.skip_layer:
+        print(format_table(result))
+        print()
+    print(format_sweeps(memory, kernel))
+    print(f"\nwrote {os.path.abspath(args.out)}")
+    if memory is not None and args.plot:
+        print(f"wrote {os.path.abspath(plot_memory_sweep(memory, args.plot))}")
+    if args.check and not result["all_targets_met"]:
+        return 1
+    return 0

@@ -1,0 +1,397 @@
+"""Sweeps of one attention kernel: peak memory against N
+(:func:`run_memory_sweep`, :func:`loglog_slope`, :func:`plot_memory_sweep`)
+and ``flash_attention``'s time per block size against torch's fused kernel
+(:func:`run_kernel_timing`). Import from :mod:`attnlib.bench`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .._validation import check_positive_int as _check_positive_int
+from ..flash import DEFAULT_BLOCK_SIZE, flash_attention
+from . import (
+    MEMORY_SWEEP_SEQ_LENS,
+    TARGET_FLASH_MEMORY_BYTES,
+    TARGET_FLASH_VS_SDPA,
+    TARGET_REFERENCE_MEMORY_BYTES,
+)
+from ._contestants import Contestant
+from ._memory import _fmt_bytes, peak_memory_bytes
+from ._timing import _make_step, _quantiles, _time_prepared
+
+
+_KERNELS = ("reference", "sdpa", "flash_attention")
+
+
+def _attention_inputs(batch, num_heads, num_tokens, head_dim, device, dtype, seed):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    shape = (batch, num_heads, num_tokens, head_dim)
+    return tuple(torch.randn(shape, generator=gen).to(device, dtype) for _ in range(3))
+
+
+def _check_seq_lens(seq_lens: object, name: str = "seq_lens") -> list[int]:
+    if isinstance(seq_lens, (str, int)) or not isinstance(seq_lens, Sequence):
+        raise TypeError(f"{name} must be a sequence of ints, got {seq_lens!r}")
+    if not seq_lens:
+        raise ValueError(f"{name} must hold at least one sequence length, got none")
+    for n in seq_lens:
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"each seq_len must be an int, got {n!r}")
+        if n <= 0:
+            raise ValueError(f"seq_len={n} must be a positive number of tokens")
+    return sorted(set(seq_lens))
+
+
+def loglog_slope(xs: Sequence[float], ys: Sequence[float | None]) -> float | None:
+    """Least-squares slope of ``log(y)`` against ``log(x)`` over the pairs with ``y > 0``.
+
+    A quantity that grows like ``x**p`` has slope ``p``: 2 for an ``N x N``
+    matrix, 1 for a linear one.
+
+    Args:
+        xs: positive abscissae (sequence lengths).
+        ys: the measured values, same length; None or non-positive entries are skipped.
+
+    Returns:
+        The slope, or None with fewer than two usable pairs.
+
+    Raises:
+        ValueError: ``xs`` and ``ys`` differ in length.
+    """
+    points = [(math.log(x), math.log(y)) for x, y in zip(xs, ys, strict=True)
+              if y is not None and y > 0]
+    if len(points) < 2:
+        return None
+    mean_x = sum(p[0] for p in points) / len(points)
+    mean_y = sum(p[1] for p in points) / len(points)
+    sxx = sum((p[0] - mean_x) ** 2 for p in points)
+    sxy = sum((p[0] - mean_x) * (p[1] - mean_y) for p in points)
+    return sxy / sxx if sxx > 0 else None
+
+
+def run_memory_sweep(
+    seq_lens: Sequence[int] = MEMORY_SWEEP_SEQ_LENS,
+    *,
+    num_heads: int = 1,
+    head_dim: int = 64,
+    is_causal: bool = True,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    max_reference_tokens: int = 4096,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    log: Callable[[str], None] | None = None,
+) -> dict:
+    """Peak memory of one attention call against the number of tokens N.
+
+    For each N, queries, keys and values ``(1, num_heads, N, head_dim)`` are
+    made first; then, under :func:`torch.inference_mode`, the peak memory
+    above them (:func:`peak_memory_bytes`) of one call of each kernel:
+
+    * ``reference`` - :func:`attnlib.functional.scaled_dot_product_attention`
+      with ``return_weights=True`` (the readable path: it holds the scores
+      and the weights, each ``(1, num_heads, N, N)``); measured only up to
+      ``max_reference_tokens`` and extrapolated beyond with the power law
+      fitted to the measured points (``reference_extrapolated_bytes``);
+    * ``sdpa`` - :func:`torch.nn.functional.scaled_dot_product_attention`;
+    * ``flash_attention`` - :func:`attnlib.functional.flash_attention`.
+
+    The N² term is predicted: scores and weights need
+    ``2 * num_heads * N**2 * element_size`` bytes.
+
+    Args:
+        seq_lens: the N to measure. Default :data:`MEMORY_SWEEP_SEQ_LENS`
+            (256 to 16 384).
+        num_heads: heads per call. Default 1.
+        head_dim: ``d_k = d_v``. Default 64.
+        is_causal: causal attention (top-left). Default True.
+        block_size: ``flash_attention``'s tile size.
+        max_reference_tokens: the largest N at which the readable path is run
+            (it needs about ``3 * num_heads * N**2 * element_size`` bytes).
+        device: default :func:`attnlib.get_device`.
+        dtype: floating-point dtype. Default float32.
+        seed: seed of the inputs.
+        log: called with one progress line per N; None is silent.
+
+    Returns:
+        A JSON-ready dict: ``metadata`` (the arguments, ``device``,
+        ``element_size``); ``records``, one per N: ``seq_len``,
+        ``input_bytes``, ``predicted_scores_weights_bytes``, and
+        ``reference_peak_bytes`` (None where not run), ``sdpa_peak_bytes``,
+        ``flash_attention_peak_bytes``, ``reference_extrapolated_bytes``
+        (None where measured); ``slopes``: the log-log slope of each kernel's
+        peak against N (:func:`loglog_slope`; for ``flash_attention`` and
+        ``sdpa`` over the upper half of the N, where the part that grows with
+        N dominates the fixed tile workspace), and ``reference_fit``, the
+        fitted ``log2`` coefficient and exponent; ``verdicts``: readable path's
+        predicted scores and weights at the largest N above
+        :data:`TARGET_REFERENCE_MEMORY_BYTES` (1 GiB), ``flash_attention``'s
+        peak at the largest N below :data:`TARGET_FLASH_MEMORY_BYTES` (128
+        MiB), and the slopes (reference within 1.8-2.2, flash_attention at
+        most 1.2), each with ``target``, ``value``, ``threshold``, ``passed``.
+
+    Raises:
+        TypeError, ValueError: a sequence length or size is not a positive int.
+    """
+    from ..device import get_device
+    from ..functional import scaled_dot_product_attention as readable
+
+    seq_lens = _check_seq_lens(seq_lens)
+    for name, value in (("num_heads", num_heads), ("head_dim", head_dim),
+                        ("block_size", block_size),
+                        ("max_reference_tokens", max_reference_tokens)):
+        _check_positive_int(name, value)
+    device = torch.device(device) if device is not None else get_device()
+    element_size = torch.empty((), dtype=dtype).element_size()
+    calls = {
+        "reference": lambda q, k, v: readable(q, k, v, is_causal=is_causal, return_weights=True),
+        "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=is_causal),
+        "flash_attention": lambda q, k, v: flash_attention(q, k, v, is_causal=is_causal,
+                                                           block_size=block_size),
+    }
+    records = []
+    for num_tokens in seq_lens:
+        q, k, v = _attention_inputs(1, num_heads, num_tokens, head_dim, device, dtype,
+                                    seed + num_tokens)
+        record = {
+            "seq_len": num_tokens,
+            "input_bytes": 3 * q.numel() * element_size,
+            "predicted_scores_weights_bytes": 2 * num_heads * num_tokens**2 * element_size,
+        }
+        with torch.inference_mode():
+            for name, call in calls.items():
+                if name == "reference" and num_tokens > max_reference_tokens:
+                    record["reference_peak_bytes"] = None
+                    continue
+                record[f"{name}_peak_bytes"] = peak_memory_bytes(
+                    lambda call=call, q=q, k=k, v=v: call(q, k, v), device)
+        records.append(record)
+        if log is not None:
+            parts = ", ".join(f"{name} {_fmt_bytes(record[f'{name}_peak_bytes'])}"
+                              for name in _KERNELS)
+            log(f"memory N={num_tokens}: {parts}")
+
+    measured = [r for r in records if r["reference_peak_bytes"] is not None]
+    reference_slope = loglog_slope([r["seq_len"] for r in measured],
+                                   [r["reference_peak_bytes"] for r in measured])
+    fit = None
+    if reference_slope is not None:
+        # log2(peak) = log2_coefficient + exponent * log2(N), fitted on the measured points.
+        mean_x = sum(math.log2(r["seq_len"]) for r in measured) / len(measured)
+        mean_y = sum(math.log2(r["reference_peak_bytes"]) for r in measured) / len(measured)
+        fit = {"exponent": reference_slope, "log2_coefficient": mean_y - reference_slope * mean_x}
+    for r in records:
+        r["reference_extrapolated_bytes"] = (
+            2 ** (fit["log2_coefficient"] + fit["exponent"] * math.log2(r["seq_len"]))
+            if fit is not None and r["reference_peak_bytes"] is None else None)
+    upper = records[len(records) // 2:] if len(records) > 2 else records
+    slopes = {
+        "reference": reference_slope,
+        "sdpa": loglog_slope([r["seq_len"] for r in upper], [r["sdpa_peak_bytes"] for r in upper]),
+        "flash_attention": loglog_slope([r["seq_len"] for r in upper],
+                                        [r["flash_attention_peak_bytes"] for r in upper]),
+        "upper_seq_lens": [r["seq_len"] for r in upper],
+    }
+    last = records[-1]
+    verdicts = [
+        {"target": "reference_scores_weights_over_1_GiB", "seq_len": last["seq_len"],
+         "value": last["predicted_scores_weights_bytes"],
+         "threshold": TARGET_REFERENCE_MEMORY_BYTES,
+         "passed": last["predicted_scores_weights_bytes"] > TARGET_REFERENCE_MEMORY_BYTES},
+        {"target": "flash_attention_peak_under_128_MiB", "seq_len": last["seq_len"],
+         "value": last["flash_attention_peak_bytes"], "threshold": TARGET_FLASH_MEMORY_BYTES,
+         "passed": last["flash_attention_peak_bytes"] is not None
+         and last["flash_attention_peak_bytes"] < TARGET_FLASH_MEMORY_BYTES},
+        {"target": "reference_slope_near_2", "seq_len": None, "value": slopes["reference"],
+         "threshold": [1.8, 2.2], "passed": slopes["reference"] is not None
+         and 1.8 <= slopes["reference"] <= 2.2},
+        {"target": "flash_attention_slope_at_most_1.2", "seq_len": None,
+         "value": slopes["flash_attention"], "threshold": 1.2,
+         "passed": slopes["flash_attention"] is not None and slopes["flash_attention"] <= 1.2},
+    ]
+    return {
+        "metadata": {
+            "device": str(device), "dtype": str(dtype).removeprefix("torch."),
+            "element_size": element_size, "batch": 1, "num_heads": num_heads,
+            "head_dim": head_dim, "is_causal": is_causal, "block_size": block_size,
+            "max_reference_tokens": max_reference_tokens, "seq_lens": seq_lens,
+            "memory_method": "peak_memory_bytes under torch.inference_mode, above the inputs",
+        },
+        "records": records,
+        "slopes": slopes,
+        "reference_fit": fit,
+        "verdicts": verdicts,
+    }
+
+
+def run_kernel_timing(
+    num_tokens: int = 4096,
+    *,
+    num_heads: int = 8,
+    head_dim: int = 64,
+    batch: int = 1,
+    is_causal: bool = True,
+    block_sizes: Sequence[int] = (128, 256, 512),
+    reps: int = 5,
+    warmup: int = 1,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+) -> dict:
+    """Time :func:`attnlib.functional.flash_attention` against torch's fused kernel.
+
+    Queries, keys and values are ``(batch, num_heads, num_tokens, head_dim)``;
+    the forward pass runs under :func:`torch.inference_mode`, timed as in
+    :func:`time_contestants` (interleaved round-robin, median of ``reps``).
+    Contestants: ``sdpa`` (:func:`torch.nn.functional.scaled_dot_product_attention`,
+    which on the CPU dispatches to its fused flash kernel) and one
+    ``flash_attention`` per block size. Both are checked to agree first.
+
+    Args:
+        num_tokens: N. Default 4096.
+        num_heads: heads. Default 8.
+        head_dim: ``d_k = d_v``. Default 64.
+        batch: sequences. Default 1.
+        is_causal: causal attention. Default True.
+        block_sizes: the ``flash_attention`` tile sizes to time; the one with
+            the lowest median is reported as the best.
+        reps: timed repetitions. Default 5.
+        warmup: untimed repetitions first. Default 1.
+        device: default :func:`attnlib.get_device`.
+        dtype: floating-point dtype. Default float32.
+        seed: seed of the inputs.
+
+    Returns:
+        A JSON-ready dict: ``metadata``; ``records``, one per contestant:
+        ``contestant``, ``block_size`` (None for ``sdpa``), ``median_ms``,
+        ``q1_ms``, ``q3_ms``, ``times_ms``, ``time_vs_sdpa``; ``best_block_size``;
+        ``verdicts``: one, ``flash_attention_vs_sdpa``, the best block size's
+        time ratio against :data:`TARGET_FLASH_VS_SDPA` (3x).
+
+    Raises:
+        TypeError, ValueError: a size, ``reps`` or a block size is not a
+            positive int, or ``block_sizes`` is empty.
+        RuntimeError: flash_attention and torch's kernel disagree.
+    """
+    from ..device import get_device
+
+    for name, value in (("num_tokens", num_tokens), ("num_heads", num_heads),
+                        ("head_dim", head_dim), ("batch", batch), ("reps", reps)):
+        _check_positive_int(name, value)
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be a non-negative int, got warmup={warmup!r}")
+    if isinstance(block_sizes, (str, int)) or not block_sizes:
+        raise ValueError(f"block_sizes must be a non-empty sequence of ints, got {block_sizes!r}")
+    block_sizes = [_check_positive_int("block_size", b) for b in block_sizes]
+    device = torch.device(device) if device is not None else get_device()
+    q, k, v = _attention_inputs(batch, num_heads, num_tokens, head_dim, device, dtype, seed)
+
+    def sdpa(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
+    built = {"sdpa": Contestant("sdpa", "F.scaled_dot_product_attention", sdpa,
+                                lambda x: (q, k, v), (), full_layer=False)}
+    for b in block_sizes:
+        def flash(q, k, v, b=b):
+            return flash_attention(q, k, v, is_causal=is_causal, block_size=b)
+        built[f"flash_attention_b{b}"] = Contestant(
+            f"flash_attention_b{b}", f"flash_attention(block_size={b})", flash,
+            lambda x: (q, k, v), (), full_layer=False)
+    with torch.inference_mode():
+        check = tuple(t[..., :256, :] for t in (q, k, v))
+        expected = sdpa(*check)
+        for name, c in built.items():
+            try:
+                torch.testing.assert_close(c.fn(*check), expected, rtol=1e-3, atol=1e-4)
+            except AssertionError as exc:
+                raise RuntimeError(f"{name} and sdpa disagree: {exc}") from None
+    prepared = {name: (c, (q, k, v), _make_step(c, (q, k, v), "forward", None))
+                for name, c in built.items()}
+    times = _time_prepared(prepared, device, reps, warmup)
+    medians = {name: _quantiles(t)[1] for name, t in times.items()}
+    records = []
+    for name, t in times.items():
+        q1, median, q3 = _quantiles(t)
+        records.append({
+            "contestant": "sdpa" if name == "sdpa" else "flash_attention",
+            "block_size": None if name == "sdpa" else int(name.rsplit("_b", 1)[1]),
+            "median_ms": median * 1e3, "q1_ms": q1 * 1e3, "q3_ms": q3 * 1e3,
+            "times_ms": [x * 1e3 for x in t], "time_vs_sdpa": median / medians["sdpa"],
+        })
+    flash_records = [r for r in records if r["contestant"] == "flash_attention"]
+    best = min(flash_records, key=lambda r: r["median_ms"])
+    return {
+        "metadata": {"device": str(device), "dtype": str(dtype).removeprefix("torch."),
+                     "batch": batch, "num_heads": num_heads, "num_tokens": num_tokens,
+                     "head_dim": head_dim, "is_causal": is_causal, "block_sizes": block_sizes,
+                     "reps": reps, "warmup": warmup, "num_threads": torch.get_num_threads(),
+                     "mode": "forward under torch.inference_mode"},
+        "records": records,
+        "best_block_size": best["block_size"],
+        "verdicts": [{"target": "flash_attention_vs_sdpa", "seq_len": num_tokens,
+                      "value": best["time_vs_sdpa"], "threshold": TARGET_FLASH_VS_SDPA,
+                      "passed": best["time_vs_sdpa"] <= TARGET_FLASH_VS_SDPA}],
+    }
+
+
+def plot_memory_sweep(sweep: dict, path: str | os.PathLike) -> str:
+    """Draw :func:`run_memory_sweep`'s result as a log-log plot and save it.
+
+    Lines: the readable path (measured, then extrapolated dashed), its
+    predicted scores and weights ``2 * h * N**2 * element_size``, torch's
+    fused kernel and ``flash_attention``; grey guides of slope 2 and 1.
+    matplotlib is imported only here.
+
+    Args:
+        sweep: the dict :func:`run_memory_sweep` returns.
+        path: where to write the figure (the suffix picks the format, e.g. .png).
+
+    Returns:
+        The path written, as a string.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = sweep["records"]
+    ns = [r["seq_len"] for r in records]
+    mib = 2.0**20
+
+    def series(key):
+        return [None if r[key] is None else r[key] / mib for r in records]
+
+    with plt.style.context("attnlib.book"):
+        fig, ax = plt.subplots(figsize=(7.2, 4.5), dpi=100)
+        ax.plot(ns, series("predicted_scores_weights_bytes"), color="grey", linestyle=":",
+                label="predicted: scores + weights, 2·h·N²·(bytes per element)")
+        ax.plot(ns, series("reference_peak_bytes"), "o-", color="C0",
+                label="readable path (measured)")
+        extrapolated = [(n, r["reference_extrapolated_bytes"] / mib) for n, r in zip(
+            ns, records, strict=True) if r["reference_extrapolated_bytes"] is not None]
+        if extrapolated:
+            last = [(n, r["reference_peak_bytes"] / mib) for n, r in zip(ns, records, strict=True)
+                    if r["reference_peak_bytes"] is not None][-1:]
+            xs, ys = zip(*(last + extrapolated), strict=True)
+            ax.plot(xs, ys, "--", color="C0", label="readable path (extrapolated)")
+        ax.plot(ns, series("sdpa_peak_bytes"), "s-", color="C1", label="torch fused kernel")
+        ax.plot(ns, series("flash_attention_peak_bytes"), "^-", color="C2",
+                label="attnlib flash_attention")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.set_xlabel("tokens N")
+        ax.set_ylabel("peak memory above the inputs (MiB)")
+        meta = sweep["metadata"]
+        ax.set_title(f"one attention call, {meta['num_heads']} head(s), d={meta['head_dim']}, "
+                     f"{meta['dtype']}, {meta['device']}")
+        ax.legend(fontsize=10)
+        fig.tight_layout()
+        fig.savefig(path)
+        plt.close(fig)
+    return str(path)
