@@ -17,10 +17,12 @@ Functions are grouped by concept, not by chapter:
   chapter 10 trains.
 * :mod:`attnlib.training` - a seeded training loop that records losses and
   attention snapshots, and the heads' previous-token and prefix-matching scores.
-* :mod:`attnlib.experiments` - the measured experiments the chapters plot.
+* :mod:`attnlib.experiments` - the measured experiments the chapters plot (a
+  package: chapter 3's scaling experiments, chapter 4's initialisation one).
 * :mod:`attnlib.viz` - figures (matplotlib is imported only when drawing).
 * :mod:`attnlib.device` - picking CPU or GPU.
-* ``python -m attnlib.bench`` - timing and memory benchmark.
+* :mod:`attnlib.bench` - ``python -m attnlib.bench``, the timing and memory
+  benchmark (a package: contestants, timing, memory, sweeps, report, CLI).
 
 Mask convention everywhere: a bool mask is True where a query may attend.
 """
