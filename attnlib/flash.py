@@ -117,7 +117,12 @@ def flash_attention_forward(
     dtype = _compute_dtype(query.dtype)
     lead = query.shape[:-2]  # the (batch, head) dimensions
 
-    context_blocks, logsumexp_blocks = [], []
+    # The outputs are allocated once and each block of query rows is written into its
+    # slice, as FlashAttention writes O_i and L_i to main memory: nothing is concatenated.
+    context_vec = torch.empty((*lead, num_tokens_q, value.shape[-1]), dtype=query.dtype,
+                              device=query.device)  # (..., num_tokens_q, d_v)
+    logsumexp = torch.empty((*lead, num_tokens_q, 1), dtype=dtype,
+                            device=query.device)  # (..., num_tokens_q, 1)
     for q_start in range(0, num_tokens_q, block_size):
         q_end = min(q_start + block_size, num_tokens_q)
         q_block = query[..., q_start:q_end, :].to(dtype) * scale  # (..., Bq, d_k)
@@ -143,13 +148,9 @@ def flash_attention_forward(
             acc = acc * rescale + probs @ v_block  # (..., Bq, d_v)
             row_max = new_max
         # A row that saw no key (num_tokens_kv == 0) has acc == 0 and row_sum == 0: give 0.
-        context_blocks.append(acc / torch.where(row_sum > 0, row_sum, 1.0))
-        logsumexp_blocks.append(row_max + torch.log(row_sum))
-    context_vec = torch.cat(context_blocks, dim=-2) if context_blocks else (
-        query.new_zeros((*lead, 0, value.shape[-1])))  # (..., num_tokens_q, d_v)
-    logsumexp = torch.cat(logsumexp_blocks, dim=-2) if logsumexp_blocks else (
-        torch.zeros((*lead, 0, 1), dtype=dtype, device=query.device))  # (..., N_q, 1)
-    return context_vec.to(query.dtype), logsumexp
+        context_vec[..., q_start:q_end, :] = acc / torch.where(row_sum > 0, row_sum, 1.0)
+        logsumexp[..., q_start:q_end, :] = row_max + torch.log(row_sum)
+    return context_vec, logsumexp
 
 
 class _FlashAttentionFunction(torch.autograd.Function):
