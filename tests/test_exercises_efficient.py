@@ -23,15 +23,32 @@ from attnlib.exercises.efficient import _online_softmax_variant, _tiled_variant
 
 def book_online_softmax(x):
     """The solution printed in chapter 8."""
-    running_max = torch.full(x.shape[:-1], -math.inf, dtype=x.dtype)
-    running_sum = torch.zeros(x.shape[:-1], dtype=x.dtype)
-    for j in range(x.shape[-1]):  # one pass over the columns
+    running_max = torch.full(x.shape[:-1], -math.inf, dtype=x.dtype, device=x.device)
+    running_sum = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
+    for j in range(x.shape[-1]):
         new_max = torch.maximum(running_max, x[..., j])
-        running_sum = running_sum * torch.exp(running_max - new_max) + torch.exp(
-            x[..., j] - new_max
-        )
+        rescale = torch.exp(running_max - new_max)  # 1 if the max did not grow
+        running_sum = running_sum * rescale + torch.exp(x[..., j] - new_max)
         running_max = new_max
     return torch.exp(x - running_max.unsqueeze(-1)) / running_sum.unsqueeze(-1)
+
+
+def learner_online_softmax(initial_max=-math.inf, max_first=False):
+    """A learner's one-pass softmax, right or with one slip."""
+    def my_online_softmax(x):
+        running_max = torch.full(x.shape[:-1], initial_max, dtype=x.dtype)
+        running_sum = torch.zeros(x.shape[:-1], dtype=x.dtype)
+        for j in range(x.shape[-1]):
+            if max_first:  # the maximum is updated before the factor is computed
+                running_max = torch.maximum(running_max, x[..., j])
+                new_max = running_max
+            else:
+                new_max = torch.maximum(running_max, x[..., j])
+            running_sum = running_sum * torch.exp(running_max - new_max) + torch.exp(
+                x[..., j] - new_max)
+            running_max = new_max
+        return torch.exp(x - running_max.unsqueeze(-1)) / running_sum.unsqueeze(-1)
+    return my_online_softmax
 
 
 def test_online_softmax_accepts_the_book_solution(capsys):
@@ -66,11 +83,33 @@ def test_online_softmax_accepts_the_references():
         pytest.param(lambda x: torch.softmax(x, -1)[..., :-1], "returned shape", id="wrong-shape"),
         pytest.param(lambda x: torch.softmax(x / 2, -1), "differs from torch.softmax",
                      id="something-else"),
+        pytest.param(learner_online_softmax(initial_max=0.0),
+                     "starts the running maximum at 0 instead of -inf", id="max-starts-at-0"),
+        pytest.param(learner_online_softmax(max_first=True),
+                     "forgets to rescale.*updating the running maximum BEFORE",
+                     id="max-updated-first"),
     ],
 )
 def test_online_softmax_names_each_wrong_answer(wrong, named):
     with pytest.raises(CheckFailed, match=named):
         check_online_softmax(wrong)
+
+
+def test_online_softmax_accepts_harmless_variations():
+    # A running sum started at 1 is multiplied by exp(-inf - m) = 0 at the first entry;
+    # a running maximum started at -1e9 is overtaken by every probe's first entry.
+    def sum_starts_at_one(x):
+        running_max = torch.full(x.shape[:-1], -math.inf, dtype=x.dtype)
+        running_sum = torch.ones(x.shape[:-1], dtype=x.dtype)
+        for j in range(x.shape[-1]):
+            new_max = torch.maximum(running_max, x[..., j])
+            running_sum = running_sum * torch.exp(running_max - new_max) + torch.exp(
+                x[..., j] - new_max)
+            running_max = new_max
+        return torch.exp(x - running_max.unsqueeze(-1)) / running_sum.unsqueeze(-1)
+
+    assert check_online_softmax(sum_starts_at_one) is True
+    assert check_online_softmax(learner_online_softmax(initial_max=-1e9)) is True
 
 
 def test_online_softmax_nonsense_and_stub():
@@ -93,26 +132,80 @@ def test_online_softmax_nonsense_and_stub():
 
 def book_tiled_attention(query, key, value, is_causal=False, block_size=4):
     """The solution printed in chapter 8 (queries all at once, keys in tiles)."""
-    num_tokens_q, num_tokens_kv = query.shape[-2], key.shape[-2]
-    lead = query.shape[:-2]
-    scale = 1.0 / math.sqrt(query.shape[-1])
-    row_max = torch.full((*lead, num_tokens_q, 1), -math.inf, dtype=query.dtype)
-    row_sum = torch.zeros((*lead, num_tokens_q, 1), dtype=query.dtype)
-    acc = torch.zeros((*lead, num_tokens_q, value.shape[-1]), dtype=query.dtype)
-    rows = torch.arange(num_tokens_q).unsqueeze(-1)  # (N_q, 1)
-    for start in range(0, num_tokens_kv, block_size):
-        end = min(start + block_size, num_tokens_kv)
-        scores = query @ key[..., start:end, :].transpose(-2, -1) * scale
+    *lead, num_tokens_q, d_k = query.shape
+    opts = {"dtype": query.dtype, "device": query.device}
+    row_max = torch.full((*lead, num_tokens_q, 1), -math.inf, **opts)
+    row_sum = torch.zeros((*lead, num_tokens_q, 1), **opts)
+    acc = torch.zeros((*lead, num_tokens_q, value.shape[-1]), **opts)
+    rows = torch.arange(num_tokens_q, device=query.device).unsqueeze(-1)  # (N_q, 1)
+    for start in range(0, key.shape[-2], block_size):
+        k_block = key[..., start:start + block_size, :]  # (..., Bk, d_k)
+        v_block = value[..., start:start + block_size, :]  # (..., Bk, d_v)
+        scores = query @ k_block.transpose(-2, -1) / math.sqrt(d_k)  # (..., N_q, Bk)
         if is_causal:
-            cols = torch.arange(start, end)  # (Bk,)
+            cols = torch.arange(start, start + k_block.shape[-2], device=query.device)
             scores = scores.masked_fill(cols > rows, -math.inf)
         new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))
         probs = torch.exp(scores - new_max)
         rescale = torch.exp(row_max - new_max)
         row_sum = row_sum * rescale + probs.sum(dim=-1, keepdim=True)
-        acc = acc * rescale + probs @ value[..., start:end, :]
+        acc = acc * rescale + probs @ v_block
         row_max = new_max
     return acc / row_sum
+
+
+def learner_tiled(initial_max=-math.inf, hide="future", divide=True, max_first=False,
+                  guard=False):
+    """A learner's tiled attention written independently of the checker, right or with one slip.
+
+    ``hide`` (with is_causal): "future" hides j > i (right); "diagonal-too" j >= i;
+    "past" j <= i (the may-attend mask used as the hide mask); "past-strict" j < i;
+    "tile-local" compares the key's index inside its tile with i. ``guard``: a row
+    whose running maximum is still -inf subtracts 0 instead (no nan from -inf - -inf).
+    """
+    def my_tiled_attention(query, key, value, is_causal=False, block_size=4):
+        *lead, num_tokens_q, d_k = query.shape
+        row_max = torch.full((*lead, num_tokens_q, 1), initial_max, dtype=query.dtype)
+        row_sum = torch.zeros((*lead, num_tokens_q, 1), dtype=query.dtype)
+        acc = torch.zeros((*lead, num_tokens_q, value.shape[-1]), dtype=query.dtype)
+        i = torch.arange(num_tokens_q).unsqueeze(-1)
+        for start in range(0, key.shape[-2], block_size):
+            k_block = key[..., start:start + block_size, :]
+            v_block = value[..., start:start + block_size, :]
+            scores = query @ k_block.transpose(-2, -1) / math.sqrt(d_k)
+            if is_causal:
+                j = torch.arange(start, start + k_block.shape[-2])
+                hidden = {"future": j > i, "diagonal-too": j >= i, "past": j <= i,
+                          "past-strict": j < i,
+                          "tile-local": torch.arange(k_block.shape[-2]) > i}[hide]
+                scores = scores.masked_fill(hidden, -math.inf)
+            if max_first:
+                row_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))
+            new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))
+            shift = new_max.nan_to_num(neginf=0.0) if guard else new_max
+            probs = torch.exp(scores - shift)
+            rescale = torch.exp(row_max - shift)
+            row_sum = row_sum * rescale + probs.sum(dim=-1, keepdim=True)
+            acc = acc * rescale + probs @ v_block
+            row_max = new_max
+        if not divide:
+            return acc
+        return acc / row_sum.clamp_min(1e-300) if guard else acc / row_sum
+    return my_tiled_attention
+
+
+def per_tile_softmax(query, key, value, is_causal=False, block_size=4):
+    """The misconception: a softmax per tile of keys, the tiles' results added."""
+    out = 0
+    i = torch.arange(query.shape[-2]).unsqueeze(-1)
+    for start in range(0, key.shape[-2], block_size):
+        k_block = key[..., start:start + block_size, :]
+        scores = query @ k_block.transpose(-2, -1) / math.sqrt(query.shape[-1])
+        if is_causal:
+            j = torch.arange(start, start + k_block.shape[-2])
+            scores = scores.masked_fill(j > i, -math.inf)
+        out = out + torch.softmax(scores, -1).nan_to_num() @ value[..., start:start + block_size, :]
+    return out
 
 
 def test_flash_accepts_the_book_solution(capsys):
@@ -170,11 +263,38 @@ def _no_max(query, key, value, is_causal=False, block_size=4):
             _tiled_variant(q, k, v, is_causal, block_size), None), "tuple", id="tuple"),
         pytest.param(lambda q, k, v, is_causal, block_size: _tiled_variant(
             q, k, v, is_causal, block_size) * 1.01, "differs from softmax", id="something-else"),
+        pytest.param(learner_tiled(initial_max=0.0), "starts the running maximum at 0",
+                     id="max-starts-at-0"),
+        pytest.param(learner_tiled(initial_max=0.0, guard=True),
+                     "starts the running maximum at 0", id="max-starts-at-0-guarded"),
+        pytest.param(learner_tiled(max_first=True),
+                     "rescales neither.*updating the running maximum BEFORE",
+                     id="max-updated-first"),
+        pytest.param(learner_tiled(divide=False), "without dividing it by the running sum",
+                     id="no-final-division"),
+        pytest.param(per_tile_softmax, "softmax of each tile on its own", id="per-tile-softmax"),
+        pytest.param(learner_tiled(hide="diagonal-too"), "hides the diagonal too",
+                     id="diagonal-hidden"),
+        pytest.param(learner_tiled(hide="diagonal-too", guard=True), "hides the diagonal too",
+                     id="diagonal-hidden-guarded"),
+        pytest.param(learner_tiled(hide="past"), r"flips the causal mask: it hides the keys j <= i",
+                     id="mask-flipped"),
+        pytest.param(learner_tiled(hide="past", guard=True),
+                     r"flips the causal mask: it hides the keys j <= i", id="mask-flipped-guarded"),
+        pytest.param(learner_tiled(hide="past-strict"),
+                     r"flips the causal mask: it hides the keys j < i", id="mask-flipped-strict"),
+        pytest.param(learner_tiled(hide="tile-local"), "index INSIDE the tile",
+                     id="mask-from-tile-index"),
     ],
 )
 def test_flash_names_each_wrong_answer(wrong, named):
     with pytest.raises(CheckFailed, match=named):
         check_flash_attention(wrong)
+
+
+def test_flash_accepts_a_learners_right_loop_with_or_without_guards():
+    assert check_flash_attention(learner_tiled()) is True
+    assert check_flash_attention(learner_tiled(guard=True)) is True
 
 
 def test_flash_nonsense_and_stub():

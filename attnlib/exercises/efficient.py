@@ -52,15 +52,17 @@ def _overflowed(out: torch.Tensor, expected: torch.Tensor) -> bool:
 
 
 def _online_softmax_variant(x: torch.Tensor, *, rescale: str = "right",
-                            final_max: bool = True) -> torch.Tensor:
+                            final_max: bool = True, initial_max: float = -math.inf
+                            ) -> torch.Tensor:
     """A one-pass softmax over the last dim, right or with one typical slip.
 
     ``rescale``: ``"right"`` multiplies the running sum by ``exp(old_max - new_max)``,
     ``"none"`` forgets it, ``"inverted"`` uses ``exp(new_max - old_max)``.
     ``final_max=False`` exponentiates each entry with the maximum known when it
-    was read instead of the final one.
+    was read instead of the final one. ``initial_max=0.0`` starts the running
+    maximum at 0 instead of ``-inf`` (rows far below 0 then give 0 / 0 = nan).
     """
-    running_max = torch.full(x.shape[:-1], -math.inf, dtype=x.dtype, device=x.device)
+    running_max = torch.full(x.shape[:-1], initial_max, dtype=x.dtype, device=x.device)
     running_sum = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
     max_when_read = []
     for j in range(x.shape[-1]):
@@ -84,8 +86,14 @@ def _online_softmax_wrong_answers(x: torch.Tensor) -> dict[str, torch.Tensor]:
         "forgets to rescale the running sum when the maximum grows: when a new entry raises "
         "the maximum from m_old to m_new, every exp(x_i - m_old) already summed must become "
         "exp(x_i - m_new), so multiply the running sum by exp(m_old - m_new) before adding the "
-        "new term. (Without it the result is right only when the first entry is the largest.)":
+        "new term. (Without it the result is right only when the first entry is the largest. "
+        "A common cause: updating the running maximum BEFORE computing the factor, which "
+        "makes it exp(m_new - m_new) = 1.)":
             _online_softmax_variant(x, rescale="none"),
+        "starts the running maximum at 0 instead of -inf: in a row whose entries are all far "
+        "below 0 every exp(x_j - 0) underflows to 0, and the result is 0 / 0 = nan. Start at "
+        "-inf (torch.full(..., -math.inf)), so that the first entry becomes the maximum":
+            _online_softmax_variant(x, initial_max=0.0),
         "rescales the running sum by exp(m_new - m_old), the inverse of the right factor: the "
         "sum must SHRINK when the maximum grows, so multiply by exp(m_old - m_new) <= 1":
             _online_softmax_variant(x, rescale="inverted"),
@@ -114,9 +122,11 @@ def check_online_softmax(fn: Callable[[torch.Tensor], torch.Tensor], *,
     +1000 and -1000 (which overflow without the maximum). Only the result is
     compared: whether the answer makes one pass is the exercise's job.
 
-    Recognised mistakes: no rescale of the running sum when the maximum grows;
-    the inverse rescale factor; numerators shifted by the maximum known when
-    each entry was read instead of the final maximum; overflow (no running
+    Recognised mistakes: no rescale of the running sum when the maximum grows
+    (for example the maximum updated before the factor is computed); the
+    inverse rescale factor; numerators shifted by the maximum known when each
+    entry was read instead of the final maximum; the running maximum started
+    at 0 instead of ``-inf`` (nan on rows far below 0); overflow (no running
     maximum); softmax over the wrong dimension; no division by the sum;
     changing ``x`` in place.
 
@@ -187,14 +197,44 @@ def check_online_softmax(fn: Callable[[torch.Tensor], torch.Tensor], *,
 # tiled (flash) attention
 
 
+_MASKS = ("top-left", "no-diagonal", "flipped", "flipped-strict", "tile-local")
+
+
+def _hidden(mask: str, cols: torch.Tensor, rows: torch.Tensor, start: int,
+            causal_offset: int) -> torch.Tensor:
+    """Bool ``(N_q, Bk)``: True where the variant ``mask`` hides key ``cols[c]`` from ``i``."""
+    if mask == "top-left":
+        return cols > rows + causal_offset
+    if mask == "no-diagonal":
+        return cols >= rows
+    if mask == "flipped":
+        return cols <= rows
+    if mask == "flipped-strict":
+        return cols < rows
+    if mask == "tile-local":
+        return cols - start > rows
+    raise ValueError(f"mask must be one of {_MASKS}, got {mask!r}")
+
+
 def _tiled_variant(query, key, value, is_causal, block_size, *, rescale_acc=True,
-                   rescale_sum=True, scale=None, causal_offset=0):
-    """Tiled attention over key blocks (queries vectorised), right or with one slip."""
+                   rescale_sum=True, scale=None, causal_offset=0, mask="top-left",
+                   initial_max=-math.inf, divide=True, safe=True):
+    """Tiled attention over key blocks (queries vectorised), right or with one slip.
+
+    ``mask`` (with ``is_causal``) hides key ``j`` from query ``i`` where:
+    ``"top-left"`` ``j > i + causal_offset`` (right with offset 0);
+    ``"no-diagonal"`` ``j >= i``; ``"flipped"`` ``j <= i`` (the may-attend mask
+    used as the hide mask); ``"flipped-strict"`` ``j < i``; ``"tile-local"``
+    ``c > i`` with ``c`` the key's index inside its tile (0 .. block_size - 1).
+    ``safe=False`` computes as a learner's plain loop would, nan included: no
+    guard for a row whose running maximum is still ``-inf``, and ``acc /
+    row_sum`` without a guard for a zero sum.
+    """
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     n_q, n_kv = query.shape[-2], key.shape[-2]
     lead = query.shape[:-2]
-    row_max = torch.full((*lead, n_q, 1), -math.inf, dtype=query.dtype, device=query.device)
+    row_max = torch.full((*lead, n_q, 1), initial_max, dtype=query.dtype, device=query.device)
     row_sum = torch.zeros((*lead, n_q, 1), dtype=query.dtype, device=query.device)
     acc = torch.zeros((*lead, n_q, value.shape[-1]), dtype=query.dtype, device=query.device)
     rows = torch.arange(n_q, device=query.device).unsqueeze(-1)
@@ -203,50 +243,114 @@ def _tiled_variant(query, key, value, is_causal, block_size, *, rescale_acc=True
         scores = (query @ key[..., start:end, :].transpose(-2, -1)) * scale
         if is_causal:
             cols = torch.arange(start, end, device=query.device)
-            scores = scores.masked_fill(cols > rows + causal_offset, -math.inf)
+            scores = scores.masked_fill(_hidden(mask, cols, rows, start, causal_offset),
+                                        -math.inf)
         new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))
-        safe_max = new_max.masked_fill(new_max == -math.inf, 0.0)  # rows that saw nothing yet
-        probs = torch.exp(scores - safe_max)
-        factor = torch.exp(row_max - safe_max)
+        if safe:  # rows that saw nothing yet: subtract 0 instead of -inf
+            new_max_used = new_max.masked_fill(new_max == -math.inf, 0.0)
+        else:
+            new_max_used = new_max
+        probs = torch.exp(scores - new_max_used)
+        factor = torch.exp(row_max - new_max_used)
         row_sum = (row_sum * factor if rescale_sum else row_sum) + probs.sum(-1, keepdim=True)
         acc = (acc * factor if rescale_acc else acc) + probs @ value[..., start:end, :]
         row_max = new_max
-    return acc / torch.where(row_sum > 0, row_sum, 1.0)
+    if not divide:
+        return acc
+    return acc / torch.where(row_sum > 0, row_sum, 1.0) if safe else acc / row_sum
 
 
-def _flash_wrong_answers(query, key, value, is_causal, block_size) -> dict[str, torch.Tensor]:
+def _per_tile_softmax(query, key, value, is_causal, block_size):
+    """The misconception: softmax each tile of scores on its own and add the tiles."""
+    n_q = query.shape[-2]
+    rows = torch.arange(n_q, device=query.device).unsqueeze(-1)
+    out = torch.zeros((*query.shape[:-1], value.shape[-1]), dtype=query.dtype,
+                      device=query.device)
+    for start in range(0, key.shape[-2], block_size):
+        end = min(start + block_size, key.shape[-2])
+        scores = query @ key[..., start:end, :].transpose(-2, -1) / math.sqrt(query.shape[-1])
+        if is_causal:
+            cols = torch.arange(start, end, device=query.device)
+            scores = scores.masked_fill(cols > rows, -math.inf)
+        out = out + torch.softmax(scores, dim=-1).nan_to_num(0.0) @ value[..., start:end, :]
+    return out
+
+
+def _flash_wrong_answers(query, key, value, is_causal, block_size
+                         ) -> list[tuple[str, torch.Tensor]]:
+    """(message, wrong result) pairs; a message may come with a plain and a guarded form."""
     d_k, d_v = query.shape[-1], value.shape[-1]
     n_q, n_kv = query.shape[-2], key.shape[-2]
     args = (query, key, value, is_causal, block_size)
-    wrong = {
-        "forgets to rescale the running OUTPUT when the maximum grows: the accumulated "
-        "sum of exp(s - m_old) * v must be multiplied by exp(m_old - m_new), exactly like the "
-        "running sum, before the new tile is added":
-            _tiled_variant(*args, rescale_acc=False),
-        "forgets to rescale the running SUM when the maximum grows: multiply it by "
-        "exp(m_old - m_new) before adding the new tile's exp(s - m_new).sum(-1)":
-            _tiled_variant(*args, rescale_sum=False),
-        "rescales neither the running sum nor the running output when the maximum grows: "
-        "both were computed under the old maximum and must be multiplied by "
-        "exp(m_old - m_new)": _tiled_variant(*args, rescale_acc=False, rescale_sum=False),
-        "does not scale the scores: multiply query @ key^T by 1/sqrt(d_k)":
-            _tiled_variant(*args, scale=1.0),
-    }
+    max_first = ("(A common cause: updating the running maximum BEFORE computing the factor, "
+                 "which makes it exp(m_new - m_new) = 1.)")
+    wrong = [
+        ("forgets to rescale the running OUTPUT when the maximum grows: the accumulated "
+         "sum of exp(s - m_old) * v must be multiplied by exp(m_old - m_new), exactly like the "
+         "running sum, before the new tile is added", _tiled_variant(*args, rescale_acc=False)),
+        ("forgets to rescale the running SUM when the maximum grows: multiply it by "
+         "exp(m_old - m_new) before adding the new tile's exp(s - m_new).sum(-1)",
+         _tiled_variant(*args, rescale_sum=False)),
+        ("rescales neither the running sum nor the running output when the maximum grows: "
+         "both were computed under the old maximum and must be multiplied by "
+         f"exp(m_old - m_new). {max_first}",
+         _tiled_variant(*args, rescale_acc=False, rescale_sum=False)),
+        ("does not scale the scores: multiply query @ key^T by 1/sqrt(d_k)",
+         _tiled_variant(*args, scale=1.0)),
+        ("returns the running output without dividing it by the running sum at the end: "
+         "the weights of each query must sum to 1, so return acc / row_sum",
+         _tiled_variant(*args, divide=False)),
+        ("takes a softmax of each tile on its own and adds the tiles' results: the weights "
+         "of a query are normalised over ALL its keys, so keep one running maximum and sum "
+         "across the tiles and divide once, at the end",
+         _per_tile_softmax(*args)),
+    ]
+    initial_zero = ("starts the running maximum at 0 instead of -inf: when all of a query's "
+                    "scores are far below 0, every exp(s - 0) underflows to 0 and the result "
+                    "is 0 / 0 = nan. Start at -inf (torch.full(..., -math.inf)), so that the "
+                    "first tile sets the maximum")
+    wrong += [(initial_zero, _tiled_variant(*args, initial_max=0.0, safe=False)),
+              (initial_zero, _tiled_variant(*args, initial_max=0.0))]
     if d_v != d_k:
-        wrong[f"scales by 1/sqrt(d_v) = 1/sqrt({d_v}); the scale is 1/sqrt(d_k) = "
-              f"1/sqrt({d_k}), the size of the query and key vectors"] = (
-            _tiled_variant(*args, scale=1.0 / math.sqrt(d_v)))
+        wrong.append((f"scales by 1/sqrt(d_v) = 1/sqrt({d_v}); the scale is 1/sqrt(d_k) = "
+                      f"1/sqrt({d_k}), the size of the query and key vectors",
+                      _tiled_variant(*args, scale=1.0 / math.sqrt(d_v))))
     if is_causal:
-        wrong["ignores is_causal=True: query i must not see keys j > i (hide them with -inf "
-              "before the running maximum)"] = _tiled_variant(query, key, value, False,
-                                                               block_size)
+        wrong.append(("ignores is_causal=True: query i must not see keys j > i (hide them "
+                      "with -inf before the running maximum)",
+                      _tiled_variant(query, key, value, False, block_size)))
         if n_q != n_kv:
-            wrong["aligns the causal mask at the bottom-right corner (query i sees keys up to "
-                  "i + num_tokens_kv - num_tokens_q); is_causal=True here means the top-left "
-                  "alignment of torch.nn.functional.scaled_dot_product_attention and "
-                  "attnlib.causal_mask: query i sees keys j <= i"] = _tiled_variant(
-                *args, causal_offset=n_kv - n_q)
+            wrong.append((
+                "aligns the causal mask at the bottom-right corner (query i sees keys up to "
+                "i + num_tokens_kv - num_tokens_q); is_causal=True here means the top-left "
+                "alignment of torch.nn.functional.scaled_dot_product_attention and "
+                "attnlib.causal_mask: query i sees keys j <= i",
+                _tiled_variant(*args, causal_offset=n_kv - n_q)))
+        masks = {
+            "no-diagonal": "hides the diagonal too: query i must see key i itself, so hide "
+                           "the keys j > i, not j >= i (query 0 then sees no key at all "
+                           "and gives nan or 0)",
+            "flipped": "flips the causal mask: it hides the keys j <= i and lets query i see "
+                       "the FUTURE keys j > i (a may-attend mask such as attnlib.causal_mask "
+                       "is True where a key is allowed; masked_fill needs its negation, ~mask)",
+            "flipped-strict": "flips the causal mask: it hides the keys j < i and lets query "
+                              "i see itself and the FUTURE keys; hide j > i instead",
+            "tile-local": "builds each tile's causal mask from the key's index INSIDE the "
+                          "tile (0 .. block_size - 1) instead of its position in the sequence "
+                          "(start .. start + block_size - 1): compare "
+                          "torch.arange(start, end) with the query positions",
+        }
+        for mask, message in masks.items():
+            wrong += [(message, _tiled_variant(*args, mask=mask, safe=False)),
+                      (message, _tiled_variant(*args, mask=mask))]
     return wrong
+
+
+def _name_flash_mistake(out: torch.Tensor, wrong: list[tuple[str, torch.Tensor]]) -> str | None:
+    for message, candidate in wrong:
+        if is_close(out, candidate):
+            return message
+    return None
 
 
 def _reference_attention(query, key, value, is_causal):
@@ -269,13 +373,19 @@ def check_flash_attention(fn: Callable[..., torch.Tensor], *,
     values ``(2, 3, 11, 4)`` (so ``N_q != N_kv`` and ``d_v != d_k``), then 11
     queries against 7 keys, block sizes 3, 4, 1 and 16 (none divides both
     lengths; 16 is larger than both), causal and not, keys whose scores rise
-    along the sequence (so the running maximum grows from tile to tile), and
-    large scores (which overflow without the running maximum).
+    along the sequence (so the running maximum grows from tile to tile), large
+    scores (which overflow without the running maximum) and scores all far
+    below 0 (which underflow when the running maximum starts at 0).
 
     Recognised mistakes: no rescale of the running output, of the running sum,
     or of both, when the maximum grows; no ``1/sqrt(d_k)`` scale, or
-    ``1/sqrt(d_v)``; ``is_causal`` ignored; the causal mask aligned at the
-    bottom-right; overflow; changing an input in place.
+    ``1/sqrt(d_v)``; no division by the running sum at the end; a softmax per
+    tile, added up; the running maximum started at 0 (nan where every score
+    is far below 0); ``is_causal`` ignored; the causal mask aligned at the
+    bottom-right, hiding the diagonal, flipped (hiding the past), or built
+    from the key's index inside its tile; overflow; changing an input in
+    place. A mistake that gives nan where a plain loop would is recognised
+    with or without the nan.
 
     Args:
         fn: the learner's function, called as
@@ -302,9 +412,13 @@ def check_flash_attention(fn: Callable[..., torch.Tensor], *,
     name = _name(fn, "fn")
     gen = torch.Generator().manual_seed(2205)
 
-    def probe_tensors(n_q: int, n_kv: int, big: float = 1.0):
+    def probe_tensors(n_q: int, n_kv: int, big: float = 1.0, apart: float = 0.0):
         query = torch.randn(2, 3, n_q, 5, generator=gen, dtype=_DTYPE)
         key = torch.randn(2, 3, n_kv, 5, generator=gen, dtype=_DTYPE)
+        # apart > 0 pushes queries and keys to opposite sides of the first axis, so
+        # every score is about -apart**2 / sqrt(5): far below 0.
+        query[..., 0] += apart
+        key[..., 0] -= apart
         # Keys drift along the sequence towards the mean query direction, so the
         # scores of later tiles tend to be larger: the running maximum grows.
         drift = torch.linspace(0.0, 2.5, n_kv, dtype=_DTYPE).unsqueeze(-1)
@@ -320,6 +434,8 @@ def check_flash_attention(fn: Callable[..., torch.Tensor], *,
         (probe_tensors(11, 7), False, 16, "11 queries, 7 keys, block_size=16 (one tile)"),
         (probe_tensors(7, 11, big=300.0), True, 3,
          "7 queries, 11 keys, is_causal=True, block_size=3, scores in the hundreds"),
+        (probe_tensors(7, 11, apart=60.0), False, 3,
+         "7 queries, 11 keys, block_size=3, every score below -1000"),
     ]
     for (query, key, value), is_causal, block_size, probe in probes:
         before = [t.clone() for t in (query, key, value)]
@@ -335,7 +451,7 @@ def check_flash_attention(fn: Callable[..., torch.Tensor], *,
         expected = _reference_attention(query, key, value, is_causal)
         if is_close(out, expected):
             continue
-        mistake = name_wrong_answer(
+        mistake = _name_flash_mistake(
             out, _flash_wrong_answers(query, key, value, is_causal, block_size))
         if mistake is not None:
             raise CheckFailed(f"{what} on {probe} {mistake}.")
@@ -349,4 +465,5 @@ def check_flash_attention(fn: Callable[..., torch.Tensor], *,
             "attnlib.functional.flash_attention(query, key, value, is_causal, "
             "block_size=...) on a small input, tile by tile.")
     return passed(f"{name} matches attention for 4 block sizes, N_q != N_kv both ways, causal "
-                  "and not, with growing and with large scores.")
+                  "and not, with growing scores, scores in the hundreds and scores far below "
+                  "0.")
