@@ -286,6 +286,15 @@ def test_peak_memory_grows_linearly_not_quadratically():
     assert _peak(flash_attention, n2) < 2 * n2 * n2 * 4 / 20
 
 
+def test_each_extra_token_costs_only_its_output_row_and_logsumexp():
+    # d_v = 16 float32 numbers of output and one float32 log-sum-exp: 68 bytes per query.
+    # The tile workspace is fixed, so beyond a few blocks only these grow (chapter 8 quotes
+    # the same law, 260 bytes at d_v = 64); holding the output twice would double it.
+    peaks = {n: _peak(flash_attention, n) for n in (512, 1024, 2048)}
+    for n1, n2 in ((512, 1024), (1024, 2048)):
+        assert (peaks[n2] - peaks[n1]) / (n2 - n1) == 16 * 4 + 4
+
+
 def test_backward_recomputes_instead_of_storing_tiles():
     n1, n2 = 256, 1024
     recompute = _peak(flash_attention, n2, backward=True) / _peak(flash_attention, n1,
