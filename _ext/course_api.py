@@ -46,21 +46,41 @@ def public_modules() -> list[str]:
     return names
 
 
+def label(module: str) -> str:
+    """The page's target for a module's section: ``{ref}`api-attnlib-exercises```."""
+    return "api-" + module.replace(".", "-").replace("_", "")
+
+
+def undocumented_data(module: str) -> list[str]:
+    """Names in ``module.__all__`` that are plain values without a ``#:`` comment.
+
+    autodoc's ``:undoc-members:`` lists undocumented functions and classes, but
+    leaves out such a constant without a word: each gets an ``autodata`` entry.
+    """
+    from sphinx.pycode import ModuleAnalyzer
+
+    obj = importlib.import_module(module)
+    documented = {name for (_, name) in ModuleAnalyzer.for_module(module).find_attr_docs()}
+    return [name for name in getattr(obj, "__all__", [])
+            if name not in documented and not callable(getattr(obj, name))
+            and not isinstance(getattr(obj, name), type(obj))]
+
+
 def _section(module: str) -> str:
+    heading = f"({label(module)})=\n## `{module}`\n\n"
     if module == "attnlib":
         # The package re-exports names documented in their own modules below.
-        return (
-            "## `attnlib`\n\n"
-            "```{eval-rst}\n.. automodule:: attnlib\n   :no-members:\n```\n"
-        )
+        return heading + "```{eval-rst}\n.. automodule:: attnlib\n   :no-members:\n```\n"
     extra = "   :exclude-members: CheckFailed\n" if module.endswith("._common") else ""
+    data = "".join(f"\n.. autodata:: {name}\n" for name in undocumented_data(module))
     return (
-        f"## `{module}`\n\n"
-        "```{eval-rst}\n"
+        heading
+        + "```{eval-rst}\n"
         f".. automodule:: {module}\n"
         "   :members:\n"
         "   :undoc-members:\n"
         f"{extra}"
+        f"{data}"
         "```\n"
     )
 
