@@ -24,12 +24,13 @@ book: $(STAMP)
 	$(BIN)/jupyter-book build -W -n --keep-going .
 
 # The book on one HTML page, printed by Chromium (Playwright, offline) with the print
-# rules of _static/course.css; a copy goes next to the HTML book, which links it.
+# rules of _static/course.css. Then the HTML book is brought up to date: its
+# introduction links the PDF only where it exists (the book-pdf role, _ext/course_html.py).
 # Jupyter Book's own pdfhtml needs a download of Chromium; this uses the system one.
 pdf: $(STAMP)
-	$(BIN)/jupyter-book build -n --keep-going --builder singlehtml --path-output _build/pdf-build .
-	$(BIN)/python _ext/make_pdf.py _build/pdf-build/_build/singlehtml/intro.html _build/pdf/book.pdf \
-	    --copy-to _build/html
+	$(BIN)/jupyter-book build -W -n --keep-going --builder singlehtml --path-output _build/pdf-build .
+	$(BIN)/python _ext/make_pdf.py _build/pdf-build/_build/singlehtml/intro.html _build/pdf/book.pdf
+	$(MAKE) book
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -n 2 --dist loadfile
