@@ -89,6 +89,54 @@ def test_book_builds_every_page_of_the_toc(built_book):
     assert not reports.exists() or not any(reports.iterdir()), f"execution reports in {reports}"
 
 
+# ------------------------------------------------------------ static links
+
+
+def local_links(built_book: Path) -> list[tuple[str, str]]:
+    """(page, href) for every link of every built page that stays in the book."""
+    from bs4 import BeautifulSoup
+
+    links = []
+    for rel in all_pages(built_book):
+        soup = BeautifulSoup((built_book / rel).read_text(), "html.parser")
+        for tag in soup.select("a[href], link[href], img[src], script[src]"):
+            href = tag.get("href") or tag.get("src")
+            if urlparse(href).scheme or href.startswith(("//", "mailto:", "javascript:")):
+                continue
+            links.append((rel, href))
+    return links
+
+
+def test_every_local_link_resolves(built_book):
+    """A reader never follows a link to a file or an anchor that is not there (the
+    introduction's PDF link after ``make book`` alone, a label on the wrong section)."""
+    from bs4 import BeautifulSoup
+
+    ids: dict[Path, set[str]] = {}
+
+    def anchors(path: Path) -> set[str]:
+        if path not in ids:
+            soup = BeautifulSoup(path.read_text(), "html.parser")
+            ids[path] = {t.get("id") for t in soup.find_all(id=True)} | {
+                t.get("name") for t in soup.find_all(attrs={"name": True})}
+        return ids[path]
+
+    broken = []
+    links = local_links(built_book)
+    for rel, href in links:
+        url = urlparse(href)
+        target = (built_book / rel).parent / url.path if url.path else built_book / rel
+        target = target.resolve()
+        if target.is_dir():
+            target = target / "index.html"
+        if not target.is_file():
+            broken.append(f"{rel}: {href} (no file)")
+        elif url.fragment and target.suffix == ".html" and url.fragment not in anchors(target):
+            broken.append(f"{rel}: {href} (no anchor)")
+    assert len(links) > 100
+    assert not broken, f"{len(broken)} broken links: {broken[:10]}"
+
+
 # ---------------------------------------------------------------- browser
 
 
@@ -133,10 +181,113 @@ def all_pages(built_book: Path) -> list[str]:
     return pages
 
 
-def open_page(browser, url: str) -> dict:
-    """Load a page with off-machine requests blocked; report what went wrong."""
+PHONE = {"width": 390, "height": 844}
+DESKTOP = {"width": 1280, "height": 900}
+MIN_FIGURE_SCALE = 0.60
+CHAPTERS = [p for p in toc_pages() if p.startswith("chapters/")]
+
+# How each page is opened: a desktop in the light theme, a phone, and a desktop
+# whose system asks for the dark theme (the book's theme follows it: "auto").
+MODES = {
+    "desktop": (DESKTOP, "light"),
+    "phone": (PHONE, "light"),
+    "dark": (DESKTOP, "dark"),
+}
+
+# Everything the tests below look at, read from a page in one pass.
+PROBE_JS = r"""(vw) => {
+  const rgb = c => c.match(/[\d.]+/g).map(Number);
+  const opaqueBg = e => { for (; e; e = e.parentElement) {
+      const c = rgb(getComputedStyle(e).backgroundColor);
+      if (c.length < 4 || c[3] > 0.5) return c; }
+    return [255, 255, 255]; };
+  const visible = e => e.offsetParent !== null || getComputedStyle(e).position === 'fixed';
+  const article = document.querySelector('.bd-article') || document.body;
+  // Inside a box that scrolls sideways on its own (a table, a long equation), or
+  // MathJax's hidden copy for screen readers: not cut off, not widening the page.
+  const excused = e => { for (let p = e; p && p !== article; p = p.parentElement) {
+      if (p.tagName === 'MJX-ASSISTIVE-MML') return true;
+      if (p !== e && ['auto', 'scroll'].includes(getComputedStyle(p).overflowX)) return true; }
+    return false; };
+  const cut = [];
+  for (const e of article.querySelectorAll('*')) {
+    const r = e.getBoundingClientRect();
+    if (r.width > 0 && r.right > vw + 1 && visible(e) && !excused(e)) {
+      cut.push(e.tagName + '.' + e.className + ': right edge at ' + Math.round(r.right) + ' px');
+      if (cut.length > 4) break; } }
+  return {
+    theme: document.documentElement.dataset.theme || '',
+    scroll_width: document.documentElement.scrollWidth,
+    cut: cut,
+    math: document.querySelectorAll('.math').length,
+    typeset: document.querySelectorAll('mjx-container').length,
+    math_errors: document.querySelectorAll('mjx-merror').length,
+    // MathJax prints a command it does not know (\text{head\_dim} without
+    // textmacros, a typo) as its TeX: a backslash in the typeset formula.
+    raw_tex: Array.from(document.querySelectorAll('mjx-assistive-mml'))
+      .map(m => m.textContent).filter(t => t.includes('\\')).slice(0, 5),
+    wide_math: Array.from(document.querySelectorAll('mjx-container[display="true"]'))
+      .filter(m => m.scrollWidth > m.clientWidth + 1)
+      .map(m => Math.round(m.scrollWidth) + ' px in ' + Math.round(m.clientWidth) + ' px: '
+                + (m.querySelector('mjx-assistive-mml') || m).textContent.slice(0, 60)),
+    images: document.images.length,
+    broken_images: Array.from(document.images)
+      .filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src),
+    colab: Array.from(document.querySelectorAll('a')).map(a => a.href)
+      .filter(h => h.startsWith('https://colab.research.google.com/')),
+    search_boxes: Array.from(document.querySelectorAll('.search-button-field'))
+      .filter(e => e.offsetParent !== null).length,
+    figures: Array.from(document.querySelectorAll('.bd-article img'))
+      .filter(i => !i.closest('.header-article-items, .bd-header-article, nav'))
+      .map(i => ({src: i.getAttribute('src'), alt: i.getAttribute('alt') || '',
+                  width: i.getBoundingClientRect().width, natural: i.naturalWidth,
+                  svg: i.src.endsWith('.svg')})),
+    // Opaque light boxes behind an image (the theme's white block in the dark).
+    // A filter (the theme dims images in the dark) changes the figures' colours.
+    filtered: Array.from(document.querySelectorAll('.bd-article img'))
+      .filter(i => getComputedStyle(i).filter !== 'none')
+      .map(i => i.getAttribute('src') + ': ' + getComputedStyle(i).filter),
+    light_blocks: Array.from(document.querySelectorAll('.bd-article img')).map(img => {
+      const light = [];
+      for (let e = img; e && e.tagName !== 'MAIN'; e = e.parentElement) {
+        const c = rgb(getComputedStyle(e).backgroundColor);
+        const alpha = c.length > 3 ? c[3] : 1;
+        if (alpha > 0.5 && (c[0] + c[1] + c[2]) / 3 > 128) light.push(e.tagName + '.' + e.className);
+      }
+      return [img.getAttribute('src'), light]; }),
+    // attnlib.show_source's code: each coloured piece, its colour and its background.
+    source_pairs: Array.from(document.querySelectorAll('.cell_output .text_html .highlight span'))
+      .filter(s => s.textContent.trim())
+      .map(s => [s.textContent.slice(0, 20), rgb(getComputedStyle(s).color), opaqueBg(s)]),
+  };
+}"""
+
+MENU_JS = """(which) => { const d = document.getElementById('pst-' + which + '-sidebar-modal');
+  if (!d || !d.open) return null;
+  return Array.from(d.querySelectorAll('a'))
+    .filter(a => a.offsetParent !== null).map(a => a.getAttribute('href')); }"""
+
+
+def open_menu(page, which: str):
+    """Click the visible ``which`` (primary/secondary) toggle: the links of the
+    sidebar it opens, None if it opens nothing, or the number of visible toggles."""
+    toggles = page.locator(f".{which}-toggle")
+    visible = [i for i in range(toggles.count()) if toggles.nth(i).is_visible()]
+    if len(visible) != 1:
+        return len(visible)
+    toggles.nth(visible[0]).click()
+    page.wait_for_timeout(300)
+    links = page.evaluate(MENU_JS, which)
+    page.keyboard.press("Escape")
+    page.wait_for_timeout(200)
+    return links
+
+
+def probe_page(browser, url: str, mode: str) -> dict:
+    """Load a page offline in ``mode``; report what went wrong and what it shows."""
+    viewport, scheme = MODES[mode]
     problems = {"console": [], "page_errors": [], "bad_status": [], "failed": [], "external": []}
-    context = browser.new_context()
+    context = browser.new_context(viewport=viewport, color_scheme=scheme)
     page = context.new_page()
 
     def route(r):
@@ -160,49 +311,63 @@ def open_page(browser, url: str) -> dict:
         if urlparse(r.url).hostname == "127.0.0.1"
         else None,
     )
-    page.goto(url, wait_until="load")
-    page.wait_for_load_state("networkidle")
-    has_math = page.locator(".math").count() > 0
-    if has_math:
-        page.wait_for_function(
-            "() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=20000
-        )
-        page.evaluate("() => MathJax.startup.promise")
-    problems["math"] = page.locator(".math").count()
-    problems["typeset"] = page.locator("mjx-container").count()
-    problems["math_errors"] = page.locator("mjx-merror").count()
-    problems["broken_images"] = page.evaluate(
-        "() => Array.from(document.images)"
-        ".filter(img => !(img.complete && img.naturalWidth > 0)).map(img => img.src)"
-    )
-    problems["images"] = page.evaluate("() => document.images.length")
-    problems["colab"] = page.evaluate(
-        "() => Array.from(document.querySelectorAll('a'))"
-        ".map(a => a.href).filter(h => h.startsWith('https://colab.research.google.com/'))"
-    )
-    context.close()
-    return problems
+    try:
+        page.goto(url, wait_until="load")
+        page.wait_for_load_state("networkidle")
+        if page.locator(".math").count() > 0:
+            page.wait_for_function(
+                "() => window.MathJax && MathJax.startup && MathJax.startup.promise",
+                timeout=20000,
+            )
+            page.evaluate("() => MathJax.startup.promise")
+        report = page.evaluate(PROBE_JS, viewport["width"])
+        if mode == "phone":
+            report["primary_menu"] = open_menu(page, "primary")
+            report["secondary_menu"] = open_menu(page, "secondary")
+    finally:
+        context.close()
+    report.update(problems)
+    return report
 
 
-def test_every_page_loads_cleanly_offline(built_book, server, browser):
+@pytest.fixture(scope="module")
+def probe(built_book, server, browser):
+    """``probe(page, mode)``: the page's report, each page opened once per mode."""
+    cache = {}
+
+    def get(rel: str, mode: str) -> dict:
+        if not rel.endswith(".html"):
+            rel += ".html"
+        if (rel, mode) not in cache:
+            cache[rel, mode] = probe_page(browser, f"{server}/{rel}", mode)
+        return cache[rel, mode]
+
+    return get
+
+
+def test_every_page_loads_cleanly_offline(built_book, probe):
     pages = all_pages(built_book)
     assert len(pages) >= len(toc_pages())
     failures = {}
     for rel in pages:
-        report = open_page(browser, f"{server}/{rel}")
-        bad = {k: report[k] for k in ("console", "page_errors", "bad_status", "failed", "external", "broken_images") if report[k]}
-        if report["math_errors"]:
-            bad["math_errors"] = report["math_errors"]
-        if report["math"] and report["typeset"] < report["math"]:
-            bad["math_not_typeset"] = f"{report['typeset']} of {report['math']} typeset"
-        if bad:
-            failures[rel] = bad
+        for mode in MODES:
+            report = probe(rel, mode)
+            keys = ("console", "page_errors", "bad_status", "failed", "external", "broken_images")
+            bad = {k: report[k] for k in keys if report[k]}
+            if report["math_errors"]:
+                bad["math_errors"] = report["math_errors"]
+            if report["math"] and report["typeset"] < report["math"]:
+                bad["math_not_typeset"] = f"{report['typeset']} of {report['math']} typeset"
+            if report["raw_tex"]:
+                bad["raw_tex_in_typeset_math"] = report["raw_tex"]
+            if bad:
+                failures[f"{rel} ({mode})"] = bad
     assert not failures, f"pages with problems: {failures}"
 
 
-@pytest.mark.parametrize("page", [p for p in toc_pages() if p.startswith("chapters/")])
-def test_chapter_page_has_math_figures_and_colab_link(built_book, server, browser, page):
-    report = open_page(browser, f"{server}/{page}.html")
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_chapter_page_has_math_figures_and_colab_link(probe, page):
+    report = probe(page, "desktop")
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
     repo = urlparse(config["repository"]["url"]).path.strip("/")
     branch = config["repository"].get("branch", "main")
@@ -212,101 +377,50 @@ def test_chapter_page_has_math_figures_and_colab_link(built_book, server, browse
     assert report["images"] > 0 and not report["broken_images"], report["broken_images"]
 
 
+@pytest.mark.parametrize("page_name", toc_pages())
+def test_long_equations_are_split_to_fit_the_column(probe, page_name):
+    """A displayed equation wider than the desktop column is cut in the PDF and
+    scrolls on a desktop: split it (aligned, or several lines)."""
+    wide = probe(page_name, "desktop")["wide_math"]
+    assert not wide, f"equations wider than the column: {wide}"
+
+
 # ------------------------------------------------- phones, figures, dark mode
 
-PHONE = {"width": 390, "height": 844}
-DESKTOP = {"width": 1280, "height": 900}
-MIN_FIGURE_SCALE = 0.60
+
+@pytest.mark.parametrize("page_name", toc_pages())
+def test_phone_menu_buttons_open_the_chapter_list_and_the_contents(probe, page_name):
+    report = probe(page_name, "phone")
+    links = report["primary_menu"]
+    assert not isinstance(links, int), f"{links} visible menu buttons at 390 px"
+    assert links is not None, "the menu button did not open the chapter list"
+    chapters = {Path(urlparse(h).path).stem for h in links if "chapters/" in h or "0" in h}
+    wanted = {Path(c).stem for c in CHAPTERS} - {Path(page_name).stem}
+    assert wanted <= chapters, f"the menu does not list {sorted(wanted - chapters)}"
+    # "On this page": every page of the toc has sections, so the button is there.
+    contents = report["secondary_menu"]
+    assert not isinstance(contents, int), f"{contents} visible 'contents' buttons at 390 px"
+    assert contents, "the contents button did not open the page's sections"
+    assert all(h.startswith("#") for h in contents), contents
 
 
-def open_quietly(browser, url: str, viewport: dict, color_scheme: str = "light"):
-    """A page at ``viewport``, loaded offline; the caller closes its context."""
-    context = browser.new_context(viewport=viewport, color_scheme=color_scheme)
-    page = context.new_page()
-    page.route(
-        "**/*",
-        lambda r: r.continue_()
-        if urlparse(r.request.url).hostname == "127.0.0.1" or r.request.url.startswith("data:")
-        else r.abort(),
-    )
-    page.goto(url, wait_until="load")
-    page.wait_for_load_state("networkidle")
-    return context, page
+def test_one_search_box_on_a_desktop(probe):
+    boxes = probe(CHAPTERS[0], "desktop")["search_boxes"]
+    assert boxes == 1, f"{boxes} search boxes visible"
 
 
-CHAPTERS = [p for p in toc_pages() if p.startswith("chapters/")]
-
-
-@pytest.mark.parametrize("page_name", CHAPTERS)
-def test_phone_menu_button_opens_the_chapter_list(built_book, server, browser, page_name):
-    context, page = open_quietly(browser, f"{server}/{page_name}.html", PHONE)
-    try:
-        toggles = page.locator(".primary-toggle")
-        visible = [i for i in range(toggles.count()) if toggles.nth(i).is_visible()]
-        assert len(visible) == 1, f"{len(visible)} visible menu buttons at 390 px"
-        toggles.nth(visible[0]).click()
-        page.wait_for_timeout(300)
-        links = page.evaluate(
-            "() => { const d = document.getElementById('pst-primary-sidebar-modal');"
-            " if (!d || !d.open) return [];"
-            " return Array.from(d.querySelectorAll('nav a.reference'))"
-            ".filter(a => a.offsetParent !== null).map(a => a.getAttribute('href')); }"
-        )
-        chapters = [h for h in links if "0" in h and h.endswith(".html")]
-        assert len(chapters) >= len(CHAPTERS) - 1, f"menu did not open the chapter list: {links}"
-    finally:
-        context.close()
-
-
-def test_one_search_box_on_a_desktop(built_book, server, browser):
-    context, page = open_quietly(browser, f"{server}/{CHAPTERS[0]}.html", DESKTOP)
-    try:
-        boxes = page.evaluate(
-            "() => Array.from(document.querySelectorAll('.search-button-field'))"
-            ".filter(e => e.offsetParent !== null).length"
-        )
-        assert boxes == 1, f"{boxes} search boxes visible"
-    finally:
-        context.close()
-
-
-def test_no_page_is_wider_than_a_phone(built_book, server, browser):
+def test_no_page_is_wider_than_a_phone(built_book, probe):
     wide = {}
     for rel in all_pages(built_book):
-        context, page = open_quietly(browser, f"{server}/{rel}", PHONE)
-        try:
-            width = page.evaluate("() => document.documentElement.scrollWidth")
-            if width > PHONE["width"]:
-                culprit = page.evaluate(
-                    """(vw) => { const out = [];
-                    for (const e of document.querySelectorAll('.bd-article *')) {
-                      const r = e.getBoundingClientRect();
-                      if (r.right > vw + 1 && e.offsetParent !== null) {
-                        out.push(e.tagName + '.' + e.className + ': ' + Math.round(r.right));
-                        if (out.length > 2) break; } }
-                    return out; }""",
-                    PHONE["width"],
-                )
-                wide[rel] = (width, culprit)
-        finally:
-            context.close()
-    assert not wide, f"pages wider than {PHONE['width']} px: {wide}"
-
-
-FIGURES_JS = """() => Array.from(document.querySelectorAll('.bd-article img'))
-  .filter(i => !i.closest('.header-article-items, .bd-header-article, nav'))
-  .map(i => ({src: i.getAttribute('src'), alt: i.getAttribute('alt') || '',
-              width: i.getBoundingClientRect().width, natural: i.naturalWidth,
-              svg: i.src.endsWith('.svg')}))"""
+        report = probe(rel, "phone")
+        if report["scroll_width"] > PHONE["width"] or report["cut"]:
+            wide[rel] = (report["scroll_width"], report["cut"])
+    assert not wide, f"pages wider than {PHONE['width']} px, or content cut at its edge: {wide}"
 
 
 @pytest.mark.parametrize("page_name", CHAPTERS)
-def test_figures_are_legible_and_described(built_book, server, browser, page_name):
-    context, page = open_quietly(browser, f"{server}/{page_name}.html", DESKTOP)
-    try:
-        figures = page.evaluate(FIGURES_JS)
-    finally:
-        context.close()
+def test_figures_are_legible_and_described(probe, page_name):
+    figures = probe(page_name, "desktop")["figures"]
     assert figures, "no figures"
     problems = []
     for fig in figures:
@@ -321,40 +435,80 @@ def test_figures_are_legible_and_described(built_book, server, browser, page_nam
     assert not problems, problems
 
 
-@pytest.mark.parametrize("page_name", CHAPTERS)
-def test_dark_mode_puts_no_figure_on_a_white_block(built_book, server, browser, page_name):
-    from PIL import Image
+# Limits on a figure's pixels (measured on the book's own figures: at most 0.4 %
+# near-white, no dark or white text on a transparent background; a figure drawn
+# without attnlib.book on white is 98 % white, with its black text 1 % black ink).
+MAX_WHITE_AREA = 0.05
+MAX_INK_ON_CLEAR = 0.001
 
-    context, page = open_quietly(browser, f"{server}/{page_name}.html", DESKTOP, "dark")
-    try:
-        page.evaluate("() => { document.documentElement.dataset.theme = 'dark';"
-                      " document.documentElement.dataset.mode = 'dark'; }")
-        assert page.evaluate("() => document.documentElement.dataset.theme") == "dark"
-        blocks = page.evaluate(
-            """() => Array.from(document.querySelectorAll('.bd-article img')).map(img => {
-              const light = [];
-              for (let e = img; e && e.tagName !== 'MAIN'; e = e.parentElement) {
-                const c = getComputedStyle(e).backgroundColor.match(/[\\d.]+/g).map(Number);
-                const alpha = c.length > 3 ? c[3] : 1;
-                if (alpha > 0.5 && (c[0] + c[1] + c[2]) / 3 > 128) light.push(e.tagName + '.' + e.className);
-              }
-              return [img.getAttribute('src'), light]; })"""
-        )
-    finally:
-        context.close()
-    problems = [f"{Path(src).name} on {light}" for src, light in blocks if light]
-    opaque = []
-    for src, _ in blocks:
-        path = (built_book / page_name).parent / src
-        if path.suffix == ".png" and path.is_file():
-            with Image.open(path) as image:
-                rgba = image.convert("RGBA")
-                corners = [rgba.getpixel((x, y))[3] for x in (0, rgba.width - 1)
-                           for y in (0, rgba.height - 1)]
-            if min(corners) == 255:
-                opaque.append(path.name)
+
+def figure_pixels(path: Path) -> dict:
+    """How a PNG would read on either theme's background."""
+    import numpy as np
+    from PIL import Image, ImageFilter
+
+    with Image.open(path) as image:
+        rgba = np.asarray(image.convert("RGBA")).astype(int)
+    rgb, alpha = rgba[..., :3], rgba[..., 3]
+    low, high = rgb.min(-1), rgb.max(-1)
+    neutral = high - low < 20
+    # Pixels within 2 px of a transparent one: a line or a letter drawn on the page.
+    clear = Image.fromarray(((alpha < 30) * 255).astype("uint8")).filter(ImageFilter.MaxFilter(5))
+    on_clear = np.asarray(clear) > 0
+    return {
+        "opaque_corners": min(alpha[0, 0], alpha[0, -1], alpha[-1, 0], alpha[-1, -1]) == 255,
+        "white_area": float(((alpha > 200) & (low > 230)).mean()),
+        "dark_ink_on_clear": float(((alpha > 128) & (high < 70) & neutral & on_clear).mean()),
+        "white_ink_on_clear": float(((alpha > 128) & (low > 200) & neutral & on_clear).mean()),
+    }
+
+
+@pytest.mark.parametrize("page_name", CHAPTERS)
+def test_dark_mode_puts_no_figure_on_a_white_block(built_book, probe, page_name):
+    report = probe(page_name, "dark")
+    # The system asks for dark; the book's theme ("auto") must follow by itself.
+    assert report["theme"] == "dark", f"theme {report['theme']!r} for a dark system"
+    problems = [f"{Path(src).name} on {light}" for src, light in report["light_blocks"] if light]
     assert not problems, f"figures on a light block in dark mode: {problems}"
-    assert not opaque, f"figures with an opaque background (drawn without attnlib.book): {opaque}"
+    # pydata-sphinx-theme dims images in the dark: the figures' grey text would fall
+    # from 3.9:1 to 2.5:1 against the background.
+    assert not report["filtered"], f"figures dimmed by a filter: {report['filtered']}"
+    unreadable = []
+    for src, _ in report["light_blocks"]:
+        path = (built_book / page_name).parent / src
+        if path.suffix != ".png" or not path.is_file():
+            continue
+        pixels = figure_pixels(path)
+        if pixels["opaque_corners"]:
+            unreadable.append(f"{path.name}: opaque background (drawn without attnlib.book)")
+        if pixels["white_area"] > MAX_WHITE_AREA:
+            unreadable.append(f"{path.name}: {pixels['white_area']:.0%} opaque white")
+        if pixels["dark_ink_on_clear"] > MAX_INK_ON_CLEAR:
+            unreadable.append(f"{path.name}: black text or lines on a transparent background"
+                              f" ({pixels['dark_ink_on_clear']:.2%}), unreadable in the dark")
+        if pixels["white_ink_on_clear"] > MAX_INK_ON_CLEAR:
+            unreadable.append(f"{path.name}: white text or lines on a transparent background"
+                              f" ({pixels['white_ink_on_clear']:.2%}), unreadable in the light")
+    assert not unreadable, unreadable
+
+
+def test_figure_checks_catch_a_figure_drawn_without_the_book_style(tmp_path):
+    """The pixel checks above fail on matplotlib's defaults, on white or transparent."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.2, 4.2), dpi=100)
+    ax.plot(range(10), [x * x for x in range(10)], label="x squared")
+    ax.set(xlabel="key dimension", ylabel="variance", title="a figure")
+    ax.legend()
+    fig.savefig(tmp_path / "white.png")
+    fig.savefig(tmp_path / "clear.png", transparent=True)
+    plt.close(fig)
+    white, clear = figure_pixels(tmp_path / "white.png"), figure_pixels(tmp_path / "clear.png")
+    assert white["opaque_corners"] and white["white_area"] > MAX_WHITE_AREA
+    assert not clear["opaque_corners"] and clear["dark_ink_on_clear"] > MAX_INK_ON_CLEAR
 
 
 def contrast(fg: list[float], bg: list[float]) -> float:
@@ -367,71 +521,184 @@ def contrast(fg: list[float], bg: list[float]) -> float:
     return (max(a, b) + 0.05) / (min(a, b) + 0.05)
 
 
-@pytest.mark.parametrize("mode", ["light", "dark"])
-def test_show_source_text_is_readable_in_both_themes(built_book, server, browser, mode):
+@pytest.mark.parametrize("mode", ["desktop", "dark"])
+def test_show_source_text_is_readable_in_both_themes(probe, mode):
     """attnlib.show_source's code takes the theme's colours: WCAG AA (4.5:1) everywhere."""
-    worst = []
+    worst, seen = [], 0
     for page_name in CHAPTERS:
-        context, page = open_quietly(browser, f"{server}/{page_name}.html", DESKTOP, mode)
-        try:
-            page.evaluate(f"() => {{ document.documentElement.dataset.theme = '{mode}'; }}")
-            pairs = page.evaluate(
-                """() => { const bg = e => { for (; e; e = e.parentElement) {
-                      const c = getComputedStyle(e).backgroundColor.match(/[\\d.]+/g).map(Number);
-                      if (c.length < 4 || c[3] > 0.5) return c; }
-                      return [255, 255, 255]; };
-                  return Array.from(document.querySelectorAll(
-                      '.cell_output .text_html .highlight span'))
-                    .filter(s => s.textContent.trim())
-                    .map(s => [s.textContent.slice(0, 20),
-                               getComputedStyle(s).color.match(/[\\d.]+/g).map(Number),
-                               bg(s)]); }"""
-            )
-        finally:
-            context.close()
+        pairs = probe(page_name, mode)["source_pairs"]
+        seen += len(pairs)
         for text, fg, bg in pairs:
             ratio = contrast(fg, bg)
             if ratio < 4.5:
                 worst.append((round(ratio, 2), page_name, text))
+    assert seen > 50, f"only {seen} pieces of show_source code found: is the selector stale?"
     assert not worst, f"show_source text below 4.5:1 in {mode} mode: {sorted(worst)[:5]}"
 
 
-def test_api_page_documents_every_public_name(built_book):
+# ------------------------------------------------------------ API reference
+
+
+def public_api() -> dict[str, list[str]]:
+    """Every public name of attnlib, with the HTML ids the API page may document it
+    under: ``{"attnlib.exercises.multihead.check_merge_heads":
+    ["attnlib.exercises.check_merge_heads", ...]}``.
+
+    A module's public names are its ``__all__`` and every function or class it
+    defines without a leading underscore (so a name left out of ``__all__`` is
+    still caught). A re-exported name counts as documented where any module that
+    exports the same object documents it: checkers under attnlib.exercises, the
+    package's top-level names in their own modules. ``attnlib.exercises._common``,
+    the toolkit for writing a checker, is public for instructors.
+    """
     import importlib
+    import inspect
     import pkgutil
 
     import attnlib
 
-    html = (built_book / "api.html").read_text()
-    assert 'id="attnlib.attention.MultiHeadAttention"' in html
-    missing = []
+    modules = {"attnlib": attnlib}
     for info in pkgutil.walk_packages(attnlib.__path__, "attnlib."):
-        if any(part.startswith("_") for part in info.name.split(".")):
-            continue
-        module = importlib.import_module(info.name)
-        # Checkers are documented once, where attnlib.exercises re-exports them.
-        home = "attnlib.exercises" if info.name.startswith("attnlib.exercises.") else info.name
-        for name in getattr(module, "__all__", []):
-            if f'id="{home}.{name}"' not in html and f'id="{info.name}.{name}"' not in html:
-                missing.append(f"{info.name}.{name}")
+        private = any(part.startswith("_") for part in info.name.split("."))
+        if not private or info.name == "attnlib.exercises._common":
+            modules[info.name] = importlib.import_module(info.name)
+    names = {}
+    for module_name, module in modules.items():
+        assert hasattr(module, "__all__"), f"{module_name} has no __all__"
+        defined = [n for n, obj in vars(module).items()
+                   if not n.startswith("_") and (inspect.isfunction(obj) or inspect.isclass(obj))
+                   and obj.__module__ == module_name]
+        for name in [*module.__all__, *defined]:
+            if name.startswith("__"):
+                continue
+            obj = getattr(module, name)
+            if inspect.ismodule(obj):  # a submodule: its own section
+                names[f"{module_name}.{name}"] = [f"module-{obj.__name__}"]
+                continue
+            homes = [other for other, mod in modules.items()
+                     if name in mod.__all__ and getattr(mod, name) is obj]
+            names[f"{module_name}.{name}"] = sorted(f"{home}.{name}"
+                                                    for home in {module_name, *homes})
+    return names
+
+
+def test_api_page_documents_every_public_name(built_book):
+    import attnlib
+
+    html = (built_book / "api.html").read_text()
+    assert f'id="{attnlib.MultiHeadAttention.__module__}.MultiHeadAttention"' in html
+    names = public_api()
+    for name in ["attnlib.exercises.check_multi_head_attention", "attnlib.exercises._common.RTOL",
+                 "attnlib.MultiHeadAttention"]:
+        assert name in names
+    missing = [name for name, ids in names.items() if not any(f'id="{i}"' in html for i in ids)]
     assert not missing, f"not on the API page: {missing}"
 
 
 def test_api_page_shows_multi_head_attention_in_a_browser(built_book, server, browser):
-    context, page = open_quietly(browser, f"{server}/api.html", DESKTOP)
+    context = browser.new_context(viewport=DESKTOP)
+    page = context.new_page()
+    import attnlib
+
     try:
-        heading = page.locator('[id="attnlib.attention.MultiHeadAttention"]')
+        page.goto(f"{server}/api.html", wait_until="load")
+        heading = page.locator(f'[id="{attnlib.MultiHeadAttention.__module__}.MultiHeadAttention"]')
         assert heading.count() == 1 and heading.is_visible()
         assert "num_heads" in heading.locator("xpath=..").inner_text()
     finally:
         context.close()
 
 
+# ------------------------------------------------------- around the chapters
+
+
 def test_intro_links_every_chapter_the_api_instructors_and_pdf(built_book):
+    PDF_MISSING = course_html().PDF_MISSING
+
     html = (built_book / "intro.html").read_text()
     for page_name in [*CHAPTERS, "api", "instructors", "references"]:
         assert f'href="{page_name}.html' in html, f"intro does not link {page_name}"
-    assert 'href="book.pdf"' in html
+    # After `make pdf` the introduction links the PDF next to it; after `make book`
+    # alone it says how to make it (a link to a missing file would be broken).
+    if 'href="book.pdf"' in html:
+        assert (built_book / "book.pdf").is_file(), "the intro links book.pdf, which is missing"
+    else:
+        assert PDF_MISSING in html, "the intro neither links the PDF nor says how to make it"
+
+
+
+def course_html():
+    """The book's Sphinx extension _ext/course_html.py, as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("course_html", ROOT / "_ext" / "course_html.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SPHINX_CONF = """
+import sys
+sys.path.insert(0, {ext!r})
+extensions = ["course_html"]
+"""
+
+
+@pytest.mark.parametrize("pdf_exists", [False, True], ids=["no-pdf", "pdf"])
+def test_pdf_link_follows_the_pdf(tmp_path, pdf_exists):
+    """The book-pdf role links the PDF and copies it into the HTML only where
+    `make pdf` wrote it; otherwise it says how to make it."""
+    PDF_MISSING = course_html().PDF_MISSING
+
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "conf.py").write_text(SPHINX_CONF.format(ext=str(ROOT / "_ext")))
+    (src / "index.rst").write_text("Book\n====\n\nThe PDF: :book-pdf:`book.pdf`.\n\n"
+                                   ".. toctree::\n\n   sub/page\n")
+    (src / "sub" / "page.rst").write_text("Page\n====\n\nAgain: :book-pdf:`the PDF`.\n")
+    if pdf_exists:
+        (src / "_build" / "pdf").mkdir(parents=True)
+        (src / "_build" / "pdf" / "book.pdf").write_bytes(b"%PDF-1.4 stand-in")
+    out = tmp_path / "html"
+    result = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-W", "-q", "-b", "html", "-E", str(src), str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    index, page = (out / "index.html").read_text(), (out / "sub" / "page.html").read_text()
+    if pdf_exists:
+        assert 'href="book.pdf"' in index and 'href="../book.pdf"' in page
+        assert (out / "book.pdf").read_bytes() == b"%PDF-1.4 stand-in"
+    else:
+        assert "book.pdf\"" not in index and PDF_MISSING in index and PDF_MISSING in page
+        assert not (out / "book.pdf").exists()
+
+
+def test_instructors_page_shows_what_its_examples_print(built_book):
+    """The page's code runs at every build; what it prints is what the text promises."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup((built_book / "instructors.html").read_text(), "html.parser")
+    outputs = "\n".join(o.get_text() for o in soup.select("div.cell_output"))
+    import attnlib.exercises as ex
+
+    for name in ex.__all__:
+        if name.startswith("check_"):
+            assert name in outputs, f"the list of checkers lacks {name}"
+    expected = [
+        "CheckFailed: my_softmax(x, dim=-1) overflows",
+        "Correct: my_softmax matches torch.softmax",
+        # The pytest run of the assignment: one test passes, the wrong mask fails.
+        "FAILED test_assignment.py::test_causal_mask - CheckFailed:",
+        "polarity is flipped",
+        "1 failed, 1 passed",
+        "CheckFailed: fn uses the transposed weights",
+        "CheckFailed: fn divides by the number of tokens",
+        "passed: test_leaves_the_random_state_alone",
+    ]
+    missing = [text for text in expected if text not in outputs]
+    assert not missing, f"instructors.md does not show {missing}"
+    assert "\x1b[" not in outputs and "[31m" not in outputs, "terminal colour codes in an output"
 
 
 def test_chapters_are_numbered_in_the_navigation(built_book):
