@@ -1,17 +1,25 @@
 """Play Colab: a machine with torch but without attnlib runs a chapter from its
 setup cell on.
 
-The test makes a fresh virtual environment with what Colab has (torch, numpy,
-matplotlib, a Jupyter kernel) and no attnlib; clones this checkout with git
-and tags the clone with the ref the setup cells install (``attnlib_ref`` in
-``_config.yml``); points chapter 1's setup cell at that clone (``git+file://``
-instead of the repository's URL, the one change); and runs the whole notebook
-with nbclient in a folder without the package's sources. It passes when every
-cell runs, and attnlib was installed, non-editable, into the new environment.
+The test makes a fresh virtual environment with what Colab has preinstalled
+(torch, numpy, matplotlib, tqdm, a Jupyter kernel) and no attnlib; clones this
+checkout with git and tags the clone with the ref the setup cells install
+(``attnlib_ref`` in ``_config.yml``); points chapter 1's setup cell at that
+clone (``git+file://`` instead of the repository's URL, the one change); and
+runs the whole notebook with nbclient in a folder without the package's
+sources. It passes when every cell runs, and attnlib was installed by pip,
+non-editable, into the new environment.
 
-Nothing is cached between runs: pip gets ``--no-cache-dir`` and everything
-lives in pytest's temporary folder. It takes a few minutes, so it is marked
-``colab``: ``pytest -m "not colab"`` leaves it out locally; CI runs it.
+Colab's preinstalled packages are this checkout's own (the versions the book is
+tested with), seen by the new environment as a read-only layer, as Colab's
+system packages are: a folder of links to the project environment's
+site-packages with attnlib's own entries left out, named in a ``.pth`` file.
+Installing torch afresh would download it again (gigabytes with its CUDA
+libraries) on every CI run for nothing the test checks. attnlib itself is not
+in the layer, and the test asserts that the new environment cannot import it
+before the setup cell runs. Nothing is cached: pip gets ``--no-cache-dir`` and
+everything lives in pytest's temporary folder. It takes about a minute; it is
+marked ``colab``, so ``pytest -m "not colab"`` leaves it out locally; CI runs it.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import json
 import os
 import shutil
 import subprocess
+import sysconfig
 import venv
 from pathlib import Path
 
@@ -30,8 +39,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
 CHAPTER = ROOT / "chapters" / "01_simplified_attention.ipynb"
-# What Colab already has; versions as the book is tested with (torch's wheel is local).
-COLAB_PACKAGES = ["torch==2.13.0", "numpy", "matplotlib", "ipykernel", "nbclient", "nbformat"]
+# What Colab already has: taken from the project's environment (see above).
+COLAB_PACKAGES = ["torch", "numpy", "matplotlib", "tqdm", "ipykernel", "nbclient", "nbformat"]
 
 pytestmark = pytest.mark.colab
 
@@ -42,6 +51,17 @@ nb = nbformat.read(sys.argv[1], as_version=4)
 NotebookClient(nb, timeout=600, kernel_name="python3",
                resources={"metadata": {"path": sys.argv[2]}}).execute()
 nbformat.write(nb, sys.argv[3])
+"""
+
+
+PROBE_ENVIRONMENT = """
+import importlib.metadata, importlib.util, json, sys
+modules = {name: importlib.util.find_spec(name) is not None for name in sys.argv[1:]}
+metadata = [d.metadata["Name"] for d in importlib.metadata.distributions()
+            if (d.metadata["Name"] or "").lower() == "attnlib"]
+print(json.dumps({"modules": modules, "attnlib": None if importlib.util.find_spec("attnlib")
+                  is None else str(importlib.util.find_spec("attnlib").origin),
+                  "attnlib_metadata": metadata}))
 """
 
 
@@ -67,14 +87,27 @@ def colab(tmp_path_factory):
     env_dir = tmp / "venv"
     venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
     python = env_dir / "bin" / "python"
+    site_packages = next(env_dir.glob("lib/python*/site-packages"))
+    preinstalled = tmp / "colab-preinstalled"
+    preinstalled.mkdir()
+    project_site = Path(sysconfig.get_paths()["purelib"])
+    for entry in project_site.iterdir():
+        name = entry.name.lower()
+        # attnlib's editable install (its .pth, finder and metadata) stays out.
+        if "attnlib" in name or entry.suffix == ".pth" or name.startswith(("pip", "_distutils")):
+            continue
+        (preinstalled / entry.name).symlink_to(entry)
+    (site_packages / "colab-preinstalled.pth").write_text(f"{preinstalled}\n")
     clean_env = {k: v for k, v in os.environ.items()
                  if k not in {"PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"}}
     clean_env["PIP_NO_CACHE_DIR"] = "1"
     clean_env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    run([str(python), "-m", "pip", "install", "--quiet", *COLAB_PACKAGES], env=clean_env)
-    probe = run([str(python), "-c", "import importlib.util as u; print(u.find_spec('attnlib'))"],
-                env=clean_env, cwd=tmp)
-    assert probe.stdout.strip() == "None", "the fresh environment must not have attnlib"
+    # Colab's packages are there; attnlib is not, under any name.
+    probe = run([str(python), "-c", PROBE_ENVIRONMENT, *COLAB_PACKAGES], env=clean_env, cwd=tmp)
+    found = json.loads(probe.stdout)
+    assert all(found["modules"].values()), f"Colab's packages are missing: {found['modules']}"
+    assert found["attnlib"] is None and not found["attnlib_metadata"], (
+        f"the fresh environment must not have attnlib: {found}")
     return {"tmp": tmp, "clone": clone, "python": python, "env": clean_env, "ref": ref}
 
 
