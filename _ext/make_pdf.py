@@ -27,18 +27,35 @@ CHROMIUM = Path(os.environ.get("ATTNLIB_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update"]
 
+# A4 is 210 mm wide; 96 CSS pixels to the inch.
+SIDE_MARGIN_MM = 14
+PRINT_WIDTH_PX = round((210 - 2 * SIDE_MARGIN_MM) / 25.4 * 96)
+
 # Run in the page: show what a reader opens by hand, and break pages at chapters.
 PREPARE = """() => {
   document.querySelectorAll('details').forEach(d => d.open = true);
   document.querySelectorAll('.toggle-hidden').forEach(e => e.classList.remove('toggle-hidden'));
   document.querySelectorAll('button.toggle-button').forEach(b => b.remove());
+  // A displayed equation wider than the page would make Chromium shrink every
+  // page of the book to fit: shrink only that equation (tests/test_book.py asks
+  // for such an equation to be split).
+  document.querySelectorAll('mjx-container[display="true"]').forEach(m => {
+    if (m.scrollWidth > m.clientWidth + 1) m.style.zoom = m.clientWidth / m.scrollWidth;
+  });
   // Sphinx's single-page build marks where each page of the book starts.
   const starts = Array.from(document.querySelectorAll('span[id^="document-"]'));
   starts.forEach(span => {
     let next = span.nextElementSibling;
     if (next) next.classList.add('course-chapter-start');
   });
-  return starts.length;
+  // Wider than the column, and Chromium shrinks every page: say what is too wide.
+  const width = document.documentElement.scrollWidth;
+  const wide = Array.from(document.querySelectorAll('.bd-article *'))
+    .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1
+                 && !e.closest('mjx-assistive-mml'))
+    .slice(0, 5).map(e => e.tagName + '.' + e.className + ': '
+                         + (e.textContent || '').trim().slice(0, 60));
+  return {chapters: starts.length, width: width, wide: wide};
 }"""
 
 
@@ -47,8 +64,10 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-def print_pdf(html: Path, pdf: Path) -> int:
-    """Print ``html`` (a file in a built book) to ``pdf``; return the number of chapters."""
+def print_pdf(html: Path, pdf: Path) -> dict:
+    """Print ``html`` (a file in a built book) to ``pdf``; return the number of pages of
+    the book (``chapters``), the laid-out ``width`` in CSS px and what is ``wide``r
+    than the column."""
     from playwright.sync_api import sync_playwright
 
     if not CHROMIUM.exists():
@@ -60,7 +79,9 @@ def print_pdf(html: Path, pdf: Path) -> int:
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1000, "height": 1400})
+            # The window as wide as the printed column (A4 less the margins), so
+            # that what PREPARE measures is laid out as it will be printed.
+            page = browser.new_page(viewport={"width": PRINT_WIDTH_PX, "height": 1400})
 
             def route(r):
                 if urlparse(r.request.url).hostname == "127.0.0.1" or r.request.url.startswith(
@@ -80,7 +101,7 @@ def print_pdf(html: Path, pdf: Path) -> int:
                     "() => window.MathJax && MathJax.startup && MathJax.startup.promise",
                 )
                 page.evaluate("() => MathJax.startup.promise")
-            chapters = page.evaluate(PREPARE)
+            layout = page.evaluate(PREPARE)
             page.wait_for_function(
                 "() => Array.from(document.images).every(i => i.complete)"
             )
@@ -89,7 +110,8 @@ def print_pdf(html: Path, pdf: Path) -> int:
                 path=str(pdf),
                 format="A4",
                 print_background=True,
-                margin={"top": "16mm", "bottom": "16mm", "left": "14mm", "right": "14mm"},
+                margin={"top": "16mm", "bottom": "16mm", "left": f"{SIDE_MARGIN_MM}mm",
+                        "right": f"{SIDE_MARGIN_MM}mm"},
                 display_header_footer=True,
                 header_template="<span></span>",
                 footer_template=(
@@ -101,7 +123,7 @@ def print_pdf(html: Path, pdf: Path) -> int:
     finally:
         httpd.shutdown()
         httpd.server_close()
-    return chapters
+    return layout
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,10 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.html.is_file():
         parser.error(f"{args.html} does not exist: build the single-page book first")
-    chapters = print_pdf(args.html.resolve(), args.pdf)
+    layout = print_pdf(args.html.resolve(), args.pdf)
     if args.copy_to is not None and args.copy_to.is_dir():
         shutil.copy2(args.pdf, args.copy_to / args.pdf.name)
-    print(f"wrote {args.pdf} ({chapters} pages of the book, each from a new sheet)")
+    print(f"wrote {args.pdf} ({layout['chapters']} pages of the book, each from a new sheet),"
+          f" laid out {layout['width']} px wide in a {PRINT_WIDTH_PX} px column")
+    if layout["width"] > PRINT_WIDTH_PX:
+        print("wider than the page, so Chromium shrank every page to fit:", *layout["wide"],
+              sep="\n  ", file=sys.stderr)
     return 0
 
 

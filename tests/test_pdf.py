@@ -24,10 +24,15 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-# Its own output folder, so that it never races the HTML build of test_book.py.
+# Its own output folder, so that it never races the HTML build of test_book.py
+# (which copies _build/pdf/book.pdf, the PDF of `make pdf`, where it exists).
 BUILD = ROOT / "_build" / "pdf-build"
 SINGLEHTML = BUILD / "_build" / "singlehtml" / "intro.html"
-PDF = ROOT / "_build" / "pdf" / "book.pdf"
+PDF = BUILD / "book.pdf"
+# Chromium prints a CSS pixel as 0.75 pt. Where one element is wider than the
+# page it shrinks every page to fit, and text beyond the paper's edge stays in
+# the PDF's text: the scale is how a cut line shows.
+FULL_SCALE = 0.75
 CHROMIUM = Path(os.environ.get("ATTNLIB_CHROMIUM", "/usr/bin/chromium"))
 HIDDEN = {"remove-cell", "remove-input"}
 QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
@@ -54,7 +59,7 @@ def squash(text: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def pdf_text() -> tuple[object, str]:
+def pdf_text() -> tuple[object, str, str]:
     if not CHROMIUM.exists():
         message = f"no Chromium at {CHROMIUM} (apt-get install chromium)"
         if os.environ.get("ATTNLIB_REQUIRE_BROWSER") == "1":
@@ -62,7 +67,7 @@ def pdf_text() -> tuple[object, str]:
         pytest.skip(message)
     jupyter_book = Path(sys.executable).with_name("jupyter-book")
     build = subprocess.run(
-        [str(jupyter_book), "build", "-n", "--keep-going", "--builder", "singlehtml",
+        [str(jupyter_book), "build", "-W", "-n", "--keep-going", "--builder", "singlehtml",
          "--path-output", str(BUILD), "."],
         cwd=ROOT, capture_output=True, text=True, timeout=1800,
     )
@@ -75,12 +80,20 @@ def pdf_text() -> tuple[object, str]:
     from pypdf import PdfReader
 
     reader = PdfReader(PDF)
-    text = "\n".join(page.extract_text() or "" for page in reader.pages)
-    return reader, text
+    total = len(reader.pages)
+    pages = []
+    for number, page in enumerate(reader.pages, start=1):
+        # The footer ("12 / 345") would split a line that runs onto the next page.
+        footer = re.compile(rf"^\s*{number}\s*/\s*{total}\s*$", re.M)
+        # Layout mode reads a page top to bottom: the end of a code line carried
+        # over to the next page comes first there, not after that page's prose.
+        text = page.extract_text(extraction_mode="layout") or ""
+        pages.append(footer.sub("", text, count=1))
+    return reader, "\n".join(pages), printed.stdout
 
 
 def test_pdf_has_a_sensible_number_of_pages(pdf_text):
-    reader, _ = pdf_text
+    reader, _, _ = pdf_text
     pages = len(reader.pages)
     files = toc_files()
     # Every page of the book starts a new sheet; no runaway layout (a page per line).
@@ -88,8 +101,31 @@ def test_pdf_has_a_sensible_number_of_pages(pdf_text):
     print(f"book.pdf: {pages} pages")
 
 
+def test_pdf_is_printed_at_full_size(pdf_text):
+    """Nothing in the book is wider than an A4 page's column: Chromium did not
+    shrink the book to fit (text beyond the paper's edge would still be in the
+    PDF's text, so the text checks below cannot see such a cut)."""
+    reader, _, printed = pdf_text
+    widths = re.search(r"laid out (\d+) px wide in a (\d+) px column", printed)
+    assert widths, printed
+    layout, column = map(int, widths.groups())
+    assert layout <= column, f"the book is {layout} px wide for a {column} px column: {printed}"
+    # And in the PDF itself: most text is drawn at 0.75 pt per CSS px.
+    scales = {}
+    for page in reader.pages:
+
+        def visit(text, cm, tm, font, size):
+            if text.strip():
+                scale = round(cm[0], 3)
+                scales[scale] = scales.get(scale, 0) + len(text)
+
+        page.extract_text(visitor_text=visit)
+    body = max(scales, key=scales.get)
+    assert abs(body - FULL_SCALE) < 0.005, f"the book is printed at {body / FULL_SCALE:.0%}"
+
+
 def test_pdf_has_every_chapter_title_in_order(pdf_text):
-    _, text = pdf_text
+    _, text, _ = pdf_text
     flat = squash(text)
     position = 0
     for path in chapter_notebooks():
@@ -104,7 +140,7 @@ def test_pdf_has_every_chapter_title_in_order(pdf_text):
 
 def test_no_code_line_is_cut_off(pdf_text):
     """Each line of each code cell the book shows is in the PDF whole: nothing clipped."""
-    _, text = pdf_text
+    _, text, _ = pdf_text
     flat = squash(text)
     missing = {}
     for path in chapter_notebooks():
@@ -120,7 +156,7 @@ def test_no_code_line_is_cut_off(pdf_text):
 
 
 def test_long_outputs_wrap_instead_of_being_cut(pdf_text):
-    _, text = pdf_text
+    _, text, _ = pdf_text
     flat = squash(text)
     missing = {}
     for path in chapter_notebooks():
@@ -139,7 +175,7 @@ def test_long_outputs_wrap_instead_of_being_cut(pdf_text):
 
 
 def test_math_is_typeset_and_figures_are_in(pdf_text):
-    reader, text = pdf_text
+    reader, text, _ = pdf_text
     # MathJax replaces TeX with glyphs; TeX left in the text means it did not run.
     # Code may hold TeX itself (matplotlib labels): that much is allowed.
     tex = re.compile(r"\\(?:frac|sqrt|operatorname|mathbf|begin|cdot)\b")
