@@ -20,6 +20,21 @@ NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
 
 
+def pip_requirements(source: str) -> list[str]:
+    """What the cell's ``pip install`` call installs: its arguments that are not options."""
+    import ast
+
+    calls = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+             and node.args and isinstance(node.args[0], ast.List)]
+    installs = []
+    for call in calls:
+        words = [ast.unparse(e) for e in call.args[0].elts]
+        if "'install'" in words:
+            rest = words[words.index("'install'") + 1:]
+            installs += [w for w in rest if not w.startswith("'-")]
+    return [w.replace("'", '"') for w in installs]
+
+
 def code_cells(nb):
     return [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
 
@@ -55,6 +70,10 @@ def test_setup_cell_installs_attnlib_from_the_configured_repository(path):
     assert 'importlib.util.find_spec("attnlib") is None' in first, "must do nothing where attnlib exists"
     assert "importlib.invalidate_caches()" in first, "a fresh install must be importable at once"
     assert "-e" not in first.split(), "Colab installs attnlib non-editable"
+    assert pip_requirements(first) == ['f"attnlib @ git+{ATTNLIB_REPO}@{ATTNLIB_REF}"'], (
+        "the setup cell installs attnlib and pins nothing else (Colab's torch stays)")
+    assert re.search(r"torch\.__version__[^\n]*< \(2, 1\)", first) and "raise RuntimeError" in first, (
+        "the setup cell checks torch >= 2.1 with a clear error")
     assert "remove-cell" in code_cells(nb)[0].metadata.get("tags", []), "setup is hidden in the book"
     # Every notebook's setup cell is the same text, so one fix reaches them all.
     reference = code_cells(nbformat.read(NOTEBOOKS[0], as_version=4))[0].source
