@@ -42,7 +42,13 @@ class CheckFailed(AssertionError):
     A subclass of ``AssertionError``, so that pytest reports a failed check in
     an instructor's assignment as a test failure, not an error. The message
     names the likely mistake and how to see it.
+
+    In a notebook, IPython shows only that message, not a stack of the
+    checker's own frames: the learner needs the mistake, not attnlib's code.
     """
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"CheckFailed: {self}"]
 
 
 def checker(fn: Callable[..., bool]) -> Callable[..., bool]:
