@@ -27,6 +27,7 @@ __all__ = [
     "passed",
     "probe_device",
     "max_difference",
+    "name_nan_output",
     "ATOL",
     "RTOL",
 ]
@@ -183,3 +184,19 @@ def passed(message: str) -> bool:
     """Print one short success line and return True."""
     print(f"Correct: {message}")
     return True
+
+
+def name_nan_output(out: torch.Tensor, what: str) -> None:
+    """Raise CheckFailed naming the token positions where ``out`` (batch, num_tokens, ...) is nan.
+
+    Such rows come from a softmax over scores that are all -inf: a mask that
+    hides every key of those queries.
+    """
+    nan_positions = out.isnan().any(dim=-1).any(dim=0).nonzero().flatten().tolist()
+    if nan_positions:
+        raise CheckFailed(
+            f"{what} gives nan at positions {nan_positions}. The softmax of a row of scores "
+            "that are all -inf is 0/0: every key of those queries is masked out. Check that "
+            "the mask keeps the diagonal, that -inf goes where the mask is False, and the "
+            "softmax's dim."
+        )

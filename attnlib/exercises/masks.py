@@ -28,6 +28,7 @@ from ._common import (
     require_callable,
     require_class,
     require_tensor,
+    name_nan_output as _name_nan_output,
 )
 
 __all__ = ["check_causal_mask", "check_causal_attention"]
@@ -392,18 +393,6 @@ def _forward_or_name_unsliced_mask(
             f"but not with {x.shape[1]} tokens: the mask is (context_length, context_length). "
             "Cut it to the input's length: self.mask[:num_tokens, :num_tokens]."
         ) from None
-
-
-def _name_nan_output(out: torch.Tensor, what: str) -> None:
-    """An output with nan: name the rows (a softmax over a row that is all -inf)."""
-    nan_positions = out.isnan().any(dim=-1).any(dim=0).nonzero().flatten().tolist()
-    if nan_positions:
-        raise CheckFailed(
-            f"{what} gives nan at positions {nan_positions}. The softmax of a row of scores "
-            "that are all -inf is 0/0: every key of those queries is masked out. Check that "
-            "the mask keeps the diagonal, that -inf goes where the mask is False, and the "
-            "softmax's dim."
-        )
 
 
 def _check_no_future_leak(module: nn.Module, x: torch.Tensor, what: str) -> None:
