@@ -28,6 +28,7 @@ __all__ = [
     "probe_device",
     "max_difference",
     "name_nan_output",
+    "linear_from_weights",
     "ATOL",
     "RTOL",
 ]
@@ -200,3 +201,24 @@ def name_nan_output(out: torch.Tensor, what: str) -> None:
             "the mask keeps the diagonal, that -inf goes where the mask is False, and the "
             "softmax's dim."
         )
+
+
+def linear_from_weights(
+    x: torch.Tensor, weights: dict[str, torch.Tensor], name: str
+) -> torch.Tensor:
+    """``x @ weights[name].T (+ weights[name + ".bias"])``: an ``nn.Linear`` recomputed
+    from the weights a checker copied into the learner's module, for its reference.
+
+    Args:
+        x: ``(..., in_features)``.
+        weights: the copied tensors, ``name`` -> ``(out_features, in_features)``
+            and, where the layer has a bias, ``name + ".bias"`` -> ``(out_features,)``.
+        name: the layer's attribute name, e.g. ``"W_query"``.
+
+    Returns:
+        ``(..., out_features)``.
+    """
+    out = x @ weights[name].T
+    if name + ".bias" in weights:
+        out = out + weights[name + ".bias"]
+    return out

@@ -29,6 +29,7 @@ from ._common import (
     require_class,
     require_tensor,
     name_nan_output as _name_nan_output,
+    linear_from_weights as _linear,
 )
 
 __all__ = ["check_causal_mask", "check_causal_attention"]
@@ -269,13 +270,6 @@ def _set_weights(module: nn.Module, device: torch.device) -> dict[str, torch.Ten
                 layer.bias.copy_(b.to(device))
                 weights[name + ".bias"] = layer.bias.detach().clone()
     return weights
-
-
-def _linear(x: torch.Tensor, weights: dict[str, torch.Tensor], name: str) -> torch.Tensor:
-    out = x @ weights[name].T
-    if name + ".bias" in weights:
-        out = out + weights[name + ".bias"]
-    return out
 
 
 def _causal_attention(
