@@ -33,8 +33,9 @@ def book_online_softmax(x):
     return torch.exp(x - running_max.unsqueeze(-1)) / running_sum.unsqueeze(-1)
 
 
-def learner_online_softmax(initial_max=-math.inf, max_first=False):
-    """A learner's one-pass softmax, right or with one slip."""
+def learner_online_softmax(initial_max=-math.inf, max_first=False, clamp=None):
+    """A learner's one-pass softmax, right or with one slip. ``clamp``: divide by
+    ``running_sum.clamp(min=clamp)``, a guard against 0 / 0 some learners add."""
     def my_online_softmax(x):
         running_max = torch.full(x.shape[:-1], initial_max, dtype=x.dtype)
         running_sum = torch.zeros(x.shape[:-1], dtype=x.dtype)
@@ -47,6 +48,8 @@ def learner_online_softmax(initial_max=-math.inf, max_first=False):
             running_sum = running_sum * torch.exp(running_max - new_max) + torch.exp(
                 x[..., j] - new_max)
             running_max = new_max
+        if clamp is not None:
+            running_sum = running_sum.clamp(min=clamp)
         return torch.exp(x - running_max.unsqueeze(-1)) / running_sum.unsqueeze(-1)
     return my_online_softmax
 
@@ -88,6 +91,13 @@ def test_online_softmax_accepts_the_references():
         pytest.param(learner_online_softmax(max_first=True),
                      "forgets to rescale.*updating the running maximum BEFORE",
                      id="max-updated-first"),
+        pytest.param(learner_online_softmax(initial_max=0.0, clamp=1e-12),
+                     "starts the running maximum at 0 instead of -inf, and clamps the sum",
+                     id="max-starts-at-0-sum-clamped"),
+        pytest.param(learner_online_softmax(initial_max=0.0,
+                                            clamp=torch.finfo(torch.float64).eps),
+                     "starts the running maximum at 0 instead of -inf, and clamps the sum",
+                     id="max-starts-at-0-sum-clamped-eps"),
     ],
 )
 def test_online_softmax_names_each_wrong_answer(wrong, named):
@@ -155,13 +165,14 @@ def book_tiled_attention(query, key, value, is_causal=False, block_size=4):
 
 
 def learner_tiled(initial_max=-math.inf, hide="future", divide=True, max_first=False,
-                  guard=False):
+                  guard=False, fill=-math.inf):
     """A learner's tiled attention written independently of the checker, right or with one slip.
 
     ``hide`` (with is_causal): "future" hides j > i (right); "diagonal-too" j >= i;
     "past" j <= i (the may-attend mask used as the hide mask); "past-strict" j < i;
     "tile-local" compares the key's index inside its tile with i. ``guard``: a row
     whose running maximum is still -inf subtracts 0 instead (no nan from -inf - -inf).
+    ``fill``: the score a hidden key gets (a finite -1e9 in many kernels).
     """
     def my_tiled_attention(query, key, value, is_causal=False, block_size=4):
         *lead, num_tokens_q, d_k = query.shape
@@ -178,7 +189,7 @@ def learner_tiled(initial_max=-math.inf, hide="future", divide=True, max_first=F
                 hidden = {"future": j > i, "diagonal-too": j >= i, "past": j <= i,
                           "past-strict": j < i,
                           "tile-local": torch.arange(k_block.shape[-2]) > i}[hide]
-                scores = scores.masked_fill(hidden, -math.inf)
+                scores = scores.masked_fill(hidden, fill)
             if max_first:
                 row_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))
             new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))
@@ -285,6 +296,12 @@ def _no_max(query, key, value, is_causal=False, block_size=4):
                      r"flips the causal mask: it hides the keys j < i", id="mask-flipped-strict"),
         pytest.param(learner_tiled(hide="tile-local"), "index INSIDE the tile",
                      id="mask-from-tile-index"),
+        pytest.param(learner_tiled(hide="diagonal-too", fill=-1e9),
+                     "hides the diagonal too.*finite score", id="diagonal-hidden-fill-1e9"),
+        pytest.param(learner_tiled(hide="diagonal-too", fill=-torch.finfo(torch.float64).max),
+                     "hides the diagonal too.*finite score", id="diagonal-hidden-fill-finfo-max"),
+        pytest.param(learner_tiled(hide="past", fill=-1e9),
+                     r"flips the causal mask: it hides the keys j <= i", id="mask-flipped-fill-1e9"),
     ],
 )
 def test_flash_names_each_wrong_answer(wrong, named):
@@ -295,6 +312,12 @@ def test_flash_names_each_wrong_answer(wrong, named):
 def test_flash_accepts_a_learners_right_loop_with_or_without_guards():
     assert check_flash_attention(learner_tiled()) is True
     assert check_flash_attention(learner_tiled(guard=True)) is True
+
+
+@pytest.mark.parametrize("fill", [-1e9, -torch.finfo(torch.float64).max])
+def test_flash_accepts_a_right_mask_with_a_finite_fill(fill):
+    # Every query of the probes sees key 0, so a finite fill changes nothing there.
+    assert check_flash_attention(learner_tiled(fill=fill)) is True
 
 
 def test_flash_nonsense_and_stub():

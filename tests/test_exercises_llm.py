@@ -47,8 +47,8 @@ def my_cache_mask(num_tokens, num_tokens_kv):
 # ---------------------------------------------------------------------------
 
 
-def _reference_rope(x):
-    return attnlib.RotaryPositionalEmbedding(x.shape[-1], x.shape[-2])(x)
+def _reference_rope(x, base=10000.0):
+    return attnlib.RotaryPositionalEmbedding(x.shape[-1], x.shape[-2], base=base)(x)
 
 
 def test_check_rope_accepts_the_reference_and_the_book(capsys):
@@ -132,6 +132,24 @@ def _rope_in_float32(x, base=10000.0):
 def test_check_rope_names_each_wrong_answer(wrong, named):
     with pytest.raises(CheckFailed, match=named):
         check_rope(wrong)
+
+
+def test_check_rope_names_a_base_written_into_the_answer():
+    # Right for base 10000, but base is ignored: fails on the probe called with base=500.
+    def fixed_base(x, base=10000.0):
+        return my_rope(x)
+
+    with pytest.raises(CheckFailed, match=r"fn\(x, base=500\) for x of shape \(3, 9, 6\): "
+                                          "ignores its base argument"):
+        check_rope(fixed_base)
+
+
+def test_check_rope_names_a_function_without_base():
+    def rope_without_base(x):
+        return my_rope(x)
+
+    with pytest.raises(CheckFailed, match="takes no argument base"):
+        check_rope(rope_without_base)
 
 
 def test_check_rope_answers_nonsense_clearly():
@@ -243,9 +261,9 @@ def test_checkers_leave_the_global_random_state_alone(check, answer):
     torch.manual_seed(0)
     before = torch.get_rng_state()
 
-    def noisy(*args):
+    def noisy(*args, **kwargs):
         torch.rand(3)  # an answer that draws random numbers
-        return answer(*args)
+        return answer(*args, **kwargs)
 
     check(noisy)
     assert torch.equal(torch.get_rng_state(), before)

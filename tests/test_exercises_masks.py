@@ -82,12 +82,40 @@ def test_check_causal_mask_float_mask_with_flipped_polarity_says_both():
         check_causal_mask(lambda n: torch.triu(torch.ones(n, n), diagonal=1))
 
 
-def test_check_causal_mask_unnamed_wrong_mask_shows_the_expected_one():
+def failure_of_mask(answer) -> str:
+    with pytest.raises(CheckFailed) as info:
+        check_causal_mask(answer)
+    return str(info.value)
+
+
+def test_check_causal_mask_names_an_all_true_mask_as_seeing_the_future():
     def all_true(num_tokens):
         return torch.ones(num_tokens, num_tokens, dtype=torch.bool)
 
-    with pytest.raises(CheckFailed, match="row i is True in columns 0 to i"):
+    with pytest.raises(CheckFailed, match="True everywhere, so it masks nothing: every token "
+                                          "sees the future"):
         check_causal_mask(all_true)
+
+
+def test_check_causal_mask_unnamed_wrong_mask_shows_the_expected_one_and_the_future():
+    def one_ahead(num_tokens):  # the diagonal of torch.tril one too high
+        return torch.tril(torch.ones(num_tokens, num_tokens, dtype=torch.bool), diagonal=1)
+
+    message = failure_of_mask(one_ahead)
+    assert "row i is True in columns 0 to i" in message
+    assert "lets tokens see the future: True above the diagonal at (query, key) = (0, 1), " \
+        "(1, 2), (2, 3), (3, 4)." in message
+
+
+def test_check_causal_mask_unnamed_wrong_mask_shows_the_hidden_past():
+    def window_of_two(num_tokens):  # a sliding window, not the causal mask
+        ones = torch.ones(num_tokens, num_tokens, dtype=torch.bool)
+        return torch.tril(ones) & torch.triu(ones, diagonal=-1)
+
+    message = failure_of_mask(window_of_two)
+    assert "future" not in message
+    assert "hides tokens a query may see (False on or below the diagonal) at (2, 0), " \
+        "(3, 0), (3, 1), (4, 0), ..." in message
 
 
 @pytest.mark.parametrize(

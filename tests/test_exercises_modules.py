@@ -62,6 +62,16 @@ def variant(*, scale="sqrt_dk", dim=-1, swap=False, raw_weight=False, dot_t=Fals
     return Variant
 
 
+class NaiveSoftmax(BookSelfAttention):
+    """The book's solution with a softmax written without the max shift."""
+
+    def forward(self, x):
+        queries, keys, values = self.W_query(x), self.W_key(x), self.W_value(x)
+        attn_scores = queries @ keys.transpose(-2, -1) / keys.shape[-1] ** 0.5
+        exp_scores = torch.exp(attn_scores)
+        return exp_scores / exp_scores.sum(dim=-1, keepdim=True) @ values
+
+
 class NoBias(BookSelfAttention):
     def __init__(self, d_in, d_out, qkv_bias=False):
         super().__init__(d_in, d_out, qkv_bias=False)
@@ -173,6 +183,25 @@ def test_each_wrong_forward_is_named(answer, named):
     with pytest.raises(CheckFailed) as failure:
         check_self_attention_v2(answer)
     assert named in str(failure.value)
+
+
+def test_a_softmax_without_the_max_shift_is_named():
+    # Right on every probe but the last, whose scores in the thousands overflow exp.
+    message = str(pytest.raises(CheckFailed, check_self_attention_v2, NaiveSoftmax).value)
+    assert message.startswith("NaiveSoftmax(d_in=5, d_out=3, qkv_bias=False) overflows: its "
+                              "softmax is the naive exp(s) / exp(s).sum()")
+    assert "scores in the thousands" in message
+
+
+def test_a_softmax_that_subtracts_the_row_maximum_passes():
+    class StableSoftmax(BookSelfAttention):
+        def forward(self, x):
+            queries, keys, values = self.W_query(x), self.W_key(x), self.W_value(x)
+            attn_scores = queries @ keys.transpose(-2, -1) / keys.shape[-1] ** 0.5
+            exp_scores = torch.exp(attn_scores - attn_scores.amax(dim=-1, keepdim=True))
+            return exp_scores / exp_scores.sum(dim=-1, keepdim=True) @ values
+
+    assert check_self_attention_v2(StableSoftmax) is True
 
 
 @pytest.mark.filterwarnings("ignore:The use of `x.T` on tensors")

@@ -6,6 +6,9 @@ typical wrong answer with a message that names it (one test per wrong answer).
 
 from __future__ import annotations
 
+import math
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn as nn
@@ -13,7 +16,8 @@ import torch.nn.functional as F
 
 import attnlib
 from attnlib.exercises import CheckFailed, check_merge_heads, check_multi_head_attention
-from attnlib.exercises.multihead import _multi_head_attention, _set_weights
+from attnlib.exercises._attention_modules import set_weights
+from attnlib.exercises.multihead import _ROLES, _multi_head_attention
 
 # ---------------------------------------------------------------------------
 # check_merge_heads
@@ -74,6 +78,12 @@ def _no_merge(c):
     return c.transpose(1, 2)
 
 
+def _d2l_without_permute(c):
+    # d2l's transpose_output, X.reshape(X.shape[0], X.shape[1], -1), without its
+    # X.permute(0, 2, 1, 3): the heads stay in front of the tokens
+    return c.reshape(c.shape[0], c.shape[1], -1)
+
+
 def _notebook_sizes(c):
     b, num_tokens, d_out = 2, 6, 12  # the chapter's example, not the argument's sizes
     return c.transpose(1, 2).reshape(b, num_tokens, d_out)
@@ -94,6 +104,9 @@ def _notebook_d_out(c):
         pytest.param(_in_place, "changed its input in place", id="in-place"),
         pytest.param(_no_merge, r"returned shape \(2, 5, 3, 4\); expected \(2, 5, 12\)",
                      id="not-merged"),
+        pytest.param(_d2l_without_permute, r"returned shape \(2, 3, 20\) = \(b, num_heads, "
+                     r"num_tokens \* head_dim\): the heads are still in front of the tokens.*"
+                     r"permute\(0, 2, 1, 3\)", id="d2l-without-permute"),
         pytest.param(_notebook_sizes, "invalid for input of size 120\nRead b, num_heads, "
                      "num_tokens and head_dim from context_vec.shape", id="notebook-sizes"),
         pytest.param(_notebook_d_out, r"invalid for input of size 120\nRead b, num_heads",
@@ -253,7 +266,7 @@ def test_the_checkers_reference_is_attnlib_multi_head_attention():
     for d_in, d_out, num_heads, qkv_bias in [(5, 6, 2, False), (4, 6, 3, True)]:
         module = attnlib.MultiHeadAttention(d_in, d_out, 8, 0.0, num_heads, qkv_bias)
         module = module.double().eval()
-        weights = _set_weights(module, torch.device("cpu"), seed=3)
+        weights = set_weights(module, _ROLES, torch.device("cpu"), seed=3)
         x = torch.randn(3, 7, d_in, dtype=torch.float64)
         with torch.no_grad():
             expected = module(x)
@@ -282,12 +295,13 @@ def test_the_checkers_reference_is_attnlib_multi_head_attention():
         ("no_out_proj", "out_proj is not applied"),
         ("only_last_token_leaks", "a future token leaks"),
         ("plain_attribute_mask", "self.mask is a plain tensor attribute"),
-        ("ignores_qkv_bias", "must have a bias exactly when qkv_bias=True"),
+        ("ignores_qkv_bias", "with qkv_bias=True, W_query has no bias"),
         ("no_dropout", "the attention weights are never dropped"),
         ("dropout_one_over_p", r"scaled by 1/p = 5 instead of 1/\(1-p\) = 1.25"),
         ("dropout_in_eval", "dropout must be off after module.eval"),
         ("dropout_on_context", "features are zeroed one by one"),
-        ("dropout_on_output", "features are zeroed one by one"),
+        ("dropout_on_output", "the only dropout in your module comes after out_proj.*"
+                              "attention weights are never dropped"),
         ("dropout_on_scores", "ever zeroed.*Dropout on the scores, before the softmax"),
         ("dropout_keep_probability", "drops [78][0-9]% of the attention weights instead of "
                                      "p = 20%.*not 1 - dropout"),
@@ -296,6 +310,115 @@ def test_the_checkers_reference_is_attnlib_multi_head_attention():
 def test_check_multi_head_attention_names_each_wrong_answer(mistake, named):
     with pytest.raises(CheckFailed, match=named):
         check_multi_head_attention(make_mha(mistake))
+
+
+class NanoGPTCausalSelfAttention(nn.Module):
+    """nanoGPT's CausalSelfAttention (Karpathy, nanoGPT model.py), small and faithful: one
+    c_attn for the three projections, attn_dropout on the attention weights, c_proj, and
+    resid_dropout after c_proj, as in GPT-2. Only the constructor follows the exercise
+    (nanoGPT takes a config, and its d_in equals d_out), and W_query, W_key, W_value and
+    out_proj name the parts of c_attn and c_proj that the checker copies its weights into.
+    ``flash`` takes nanoGPT's other path, scaled_dot_product_attention with dropout_p.
+    """
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False,
+                 flash=False):
+        super().__init__()
+        assert d_out % num_heads == 0
+        self.c_attn = nn.Linear(d_in, 3 * d_out, bias=qkv_bias)
+        self.c_proj = nn.Linear(d_out, d_out, bias=qkv_bias)
+        self.attn_dropout = nn.Dropout(dropout)
+        self.resid_dropout = nn.Dropout(dropout)
+        self.n_head = num_heads
+        self.n_embd = d_out
+        self.dropout = dropout
+        self.flash = flash
+        mask = torch.tril(torch.ones(context_length, context_length))
+        self.register_buffer("bias", mask.view(1, 1, context_length, context_length))
+
+    def _part_of_c_attn(self, index):
+        rows = slice(index * self.n_embd, (index + 1) * self.n_embd)
+        bias = None if self.c_attn.bias is None else self.c_attn.bias[rows]
+        return SimpleNamespace(weight=self.c_attn.weight[rows], bias=bias)
+
+    W_query = property(lambda self: self._part_of_c_attn(0))
+    W_key = property(lambda self: self._part_of_c_attn(1))
+    W_value = property(lambda self: self._part_of_c_attn(2))
+    out_proj = property(lambda self: self.c_proj)
+
+    def forward(self, x):
+        B, T, _ = x.size()
+        C = self.n_embd
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        if self.flash:
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=None, dropout_p=self.dropout if self.training else 0,
+                is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+            att = F.softmax(att, dim=-1)
+            att = self.attn_dropout(att)
+            y = att @ v  # (B, nh, T, T) x (B, nh, T, hs) -> (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        y = self.resid_dropout(self.c_proj(y))
+        return y
+
+
+class NanoGPTFlash(NanoGPTCausalSelfAttention):
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias, flash=True)
+
+
+def with_resid_dropout(cls):
+    """``cls`` with a dropout after its output, as GPT-2's and nanoGPT's resid_dropout."""
+
+    class WithResidDropout(cls):
+        def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+            super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias)
+            self.resid_dropout = nn.Dropout(dropout)
+
+        def forward(self, x):
+            return self.resid_dropout(super().forward(x))
+
+    WithResidDropout.__name__ = f"{cls.__name__}_with_resid_dropout"
+    return WithResidDropout
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(NanoGPTCausalSelfAttention, id="nanogpt"),
+        pytest.param(NanoGPTFlash, id="nanogpt-flash"),
+        pytest.param(with_resid_dropout(attnlib.MultiHeadAttention), id="attnlib-resid"),
+        pytest.param(with_resid_dropout(BookMultiHeadAttention), id="book-resid"),
+    ],
+)
+def test_check_multi_head_attention_accepts_dropout_after_the_output_projection(answer):
+    # GPT-2 and nanoGPT drop features after c_proj too (resid_dropout): a legitimate design.
+    assert check_multi_head_attention(answer) is True
+
+
+@pytest.mark.parametrize(
+    ("mistake", "named"),
+    [
+        ("no_dropout", "the only dropout in your module comes after out_proj.*"
+                       "attention weights are never dropped"),
+        ("dropout_on_scores", "ever zeroed.*Dropout on the scores, before the softmax"),
+        ("dropout_one_over_p", r"scaled by 1/p = 5 instead of 1/\(1-p\) = 1.25"),
+        ("dropout_in_eval", "dropout must be off after module.eval"),
+        ("dropout_on_context", "features are zeroed one by one before out_proj"),
+        ("dropout_keep_probability", "drops [78][0-9]% of the attention weights instead of "
+                                     "p = 20%.*not 1 - dropout"),
+    ],
+)
+def test_check_multi_head_attention_names_dropout_mistakes_beside_a_resid_dropout(
+        mistake, named):
+    with pytest.raises(CheckFailed, match=named):
+        check_multi_head_attention(with_resid_dropout(make_mha(mistake)))
 
 
 def test_check_multi_head_attention_names_head_dim_from_d_in():

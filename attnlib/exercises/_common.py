@@ -1,17 +1,24 @@
 """What every checker shares: the failure type, calling the learner's code
-safely, comparing tensors, and leaving the global random state alone.
+safely, seeded probes, comparing tensors and naming the typical wrong answer,
+and leaving the global random state alone.
 
-A checker module imports from here and nowhere else in ``attnlib.exercises``.
+A checker module imports from here; the checkers of attention modules also
+import from ``attnlib.exercises._attention_modules``, which builds on this one.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import math
-from collections.abc import Callable, Mapping
+import os
+import sysconfig
+import traceback
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.nn as nn
 
 from .._validation import type_name
 
@@ -22,10 +29,14 @@ __all__ = [
     "require_class",
     "call_answer",
     "require_tensor",
+    "require_unchanged",
     "is_close",
     "name_wrong_answer",
+    "judge",
     "passed",
     "probe_device",
+    "seeded_randn",
+    "answer_name",
     "max_difference",
     "name_nan_output",
     "linear_from_weights",
@@ -109,7 +120,14 @@ def require_class(answer: object, what: str) -> None:
 
 
 def call_answer(fn: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -> Any:
-    """Call the learner's ``fn``; an exception it raises becomes a CheckFailed that says so."""
+    """Call the learner's ``fn``; an exception it raises becomes a CheckFailed that says so.
+
+    The message names the exception, the line of the learner's code that raised
+    it (where there is one) and the shapes and dtypes of the tensors ``fn`` was
+    called with, so that an error such as an ``IndexError`` from ``torch.bmm``
+    or a bare ``assert`` can be traced to the input that caused it. An empty
+    stub (``NotImplementedError``) is reported as a stub.
+    """
     try:
         return fn(*args, **kwargs)
     except NotImplementedError:
@@ -119,8 +137,90 @@ def call_answer(fn: Callable[..., Any], *args: Any, what: str, **kwargs: Any) ->
         ) from None
     except CheckFailed:
         raise
-    except Exception as exc:  # noqa: BLE001 - any error in the learner's code is reported
-        raise CheckFailed(f"{what} raised {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:  # any error in the learner's code is reported
+        where = _learner_line(exc)
+        called = _describe_arguments(fn, args, kwargs)
+        text = f": {exc}" if str(exc).strip() else ""  # a bare assert has no message
+        raise CheckFailed(f"{what} raised {type_name(exc)}{where}{called}{text}") from exc
+
+
+#: Folders whose frames are not the learner's: the standard library, installed
+#: packages (torch among them) and attnlib itself.
+_NOT_LEARNER_CODE = tuple(
+    os.path.normcase(os.path.abspath(folder)) + os.sep
+    for folder in (sysconfig.get_paths()["stdlib"], os.path.dirname(os.path.dirname(__file__)))
+)
+
+
+def _learner_line(exc: BaseException) -> str:
+    """`` at line N of fn, `source` `` for the innermost frame of the learner's
+    code in ``exc``'s traceback, or ``""`` when none is found."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = os.path.normcase(os.path.abspath(frame.filename))
+        if path.startswith(_NOT_LEARNER_CODE) or "site-packages" in path or (
+                "dist-packages" in path):
+            continue
+        line = (frame.line or "").strip()
+        source = f", `{line[:77]}...`" if len(line) > 80 else (f", `{line}`" if line else "")
+        return f" at line {frame.lineno} of {frame.name}{source}"
+    return ""
+
+
+def _describe_argument(name: str, value: Any) -> str:
+    """``x (shape (4, 7), torch.float64)``, ``sa_v1 (attnlib...SelfAttention_v1)`` or
+    ``group_size=2``: one argument of a call, as a message shows it."""
+    if isinstance(value, torch.Tensor):
+        device = "" if value.device.type == "cpu" else f", on {value.device}"
+        return f"{name} (shape {tuple(value.shape)}, {value.dtype}{device})"
+    if isinstance(value, nn.Module):
+        return f"{name} ({type_name(value)})"
+    text = repr(value)
+    return f"{name}={text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def _describe_arguments(fn: Callable[..., Any], args: Sequence[Any],
+                        kwargs: Mapping[str, Any]) -> str:
+    """``", when called with x (shape (4, 7), torch.float64) and dim=-1"``: the
+    arguments of a call, each by its parameter's name where ``fn``'s signature
+    gives it, a tensor by its shape, dtype and (off the CPU) device.
+
+    Returns ``""`` for a call without arguments.
+    """
+    try:
+        signature = inspect.signature(fn.forward if isinstance(fn, nn.Module) else fn)
+        parameters = [p for p in signature.parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):  # a builtin without a signature
+        parameters = []
+    names = [parameters[i].name if i < len(parameters) else f"argument {i + 1}"
+             for i in range(len(args))]
+    described = [_describe_argument(name, value)
+                 for name, value in [*zip(names, args, strict=True), *kwargs.items()]]
+    if not described:
+        return ""
+    listed = described[0] if len(described) == 1 else (
+        ", ".join(described[:-1]) + " and " + described[-1])
+    return f", when called with {listed}"
+
+
+def answer_name(answer: object, default: str) -> str:
+    """The name of the learner's function or class, for messages; ``default`` for a
+    lambda, a ``functools.partial`` or another callable without a usable name."""
+    name = getattr(answer, "__name__", "")
+    return name if name.isidentifier() else default
+
+
+def seeded_randn(generator: torch.Generator, *shape: int, device: torch.device,
+                 scale: float = 1.0, shift: float = 0.0,
+                 dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """A probe ``randn(*shape) * scale + shift`` drawn from ``generator`` on the CPU
+    and then moved to ``device``, so that every device sees the same numbers.
+
+    Returns:
+        A tensor of ``shape`` and ``dtype`` (default float64) on ``device``.
+    """
+    x = torch.randn(*shape, generator=generator, dtype=dtype) * scale + shift
+    return x.to(device)
 
 
 def require_tensor(
@@ -149,6 +249,23 @@ def require_tensor(
     return out
 
 
+def require_unchanged(what: str, saved: Sequence[torch.Tensor], now: Sequence[torch.Tensor],
+                      names: Sequence[str]) -> None:
+    """Each argument ``now[i]`` must still equal its copy ``saved[i]``, taken before the call.
+
+    Raises:
+        CheckFailed: naming the first argument, ``names[i]``, that the learner's
+            code changed in place.
+    """
+    for before, after, name in zip(saved, now, names, strict=True):
+        if not torch.equal(before, after):
+            raise CheckFailed(
+                f"{what} changed its argument {name} in place (an in-place operation such as "
+                f"`{name} -= ...`, `{name} /= ...` or `{name}.sub_(...)`). Compute a new "
+                f"tensor instead, such as `shifted = {name} - ...`, and leave {name} as it was."
+            )
+
+
 def is_close(actual: torch.Tensor, expected: torch.Tensor, atol: float = ATOL,
              rtol: float = RTOL) -> bool:
     """Same shape and ``|actual - expected| <= atol + rtol * |expected|`` everywhere.
@@ -172,6 +289,34 @@ def name_wrong_answer(
         if is_close(actual, wrong, atol, rtol):
             return message
     return None
+
+
+def judge(out: torch.Tensor, expected: torch.Tensor, wrong_answers: Mapping[str, torch.Tensor],
+          what: str, probe: str, *, reference: str = "the right answer",
+          advice: str = "Compare your result with the reference on a small input, one step "
+                        "at a time.") -> None:
+    """Return if ``out`` matches ``expected``; otherwise raise CheckFailed naming the mistake.
+
+    The message is ``"{what} {mistake} (seen on {probe})."`` for the first of
+    ``wrong_answers`` that ``out`` matches; nan or inf where ``expected`` is finite
+    is named as an overflowing exponential; anything else gets the largest
+    difference from ``reference`` and ``advice``.
+    """
+    if is_close(out, expected):
+        return
+    mistake = name_wrong_answer(out, wrong_answers)
+    if mistake is not None:
+        raise CheckFailed(f"{what} {mistake} (seen on {probe}).")
+    if not torch.isfinite(out).all() and torch.isfinite(expected).all():
+        raise CheckFailed(
+            f"{what} returned nan or inf on {probe}, where the right answer is finite. "
+            "Does an exponential overflow? Subtract the maximum along the softmax's "
+            "dimension before exponentiating, or use torch.softmax."
+        )
+    raise CheckFailed(
+        f"{what} differs from {reference} by up to {max_difference(out, expected):.3g} "
+        f"on {probe}, and it matches none of the typical mistakes this check knows. {advice}"
+    )
 
 
 def max_difference(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -222,3 +367,4 @@ def linear_from_weights(
     if name + ".bias" in weights:
         out = out + weights[name + ".bias"]
     return out
+

@@ -15,18 +15,21 @@ from typing import Any
 
 import torch
 
+from .._validation import type_name
 from ..functional import scaled_dot_product_attention as _reference_sdpa
 from ._common import (
     CheckFailed,
+    answer_name,
     call_answer,
     checker,
     is_close,
-    max_difference,
-    name_wrong_answer,
+    judge,
     passed,
     probe_device,
     require_callable,
     require_tensor,
+    require_unchanged,
+    seeded_randn,
 )
 
 __all__ = [
@@ -39,52 +42,10 @@ __all__ = [
 _DTYPE = torch.float64
 
 
-def _randn(generator: torch.Generator, *shape: int, device: torch.device,
-           scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
-    """Seeded standard-normal probe (drawn on the CPU, so every device sees the same)."""
-    x = torch.randn(*shape, generator=generator, dtype=_DTYPE) * scale + shift
-    return x.to(device)
-
-
-def _name(fn: Callable[..., Any], default: str) -> str:
-    name = getattr(fn, "__name__", "")
-    return name if name.isidentifier() else default
-
-
-def _judge(out: torch.Tensor, expected: torch.Tensor, wrong_answers: dict[str, torch.Tensor],
-           what: str, probe: str) -> None:
-    """Raise CheckFailed naming the mistake unless ``out`` matches ``expected``."""
-    if is_close(out, expected):
-        return
-    mistake = name_wrong_answer(out, wrong_answers)
-    if mistake is not None:
-        raise CheckFailed(f"{what} {mistake} (seen on {probe}).")
-    if not torch.isfinite(out).all() and torch.isfinite(expected).all():
-        raise CheckFailed(
-            f"{what} returned nan or inf on {probe}, where the right answer is finite. "
-            "Does an exponential overflow? Subtract the maximum along the softmax's "
-            "dimension before exponentiating, or use torch.softmax."
-        )
-    raise CheckFailed(
-        f"{what} differs from the right answer by up to {max_difference(out, expected):.3g} "
-        f"on {probe}, and it matches none of the typical mistakes this check knows. Compare "
-        "your result with the reference on a small input, one step at a time."
-    )
-
-
 def _sentence(failure: CheckFailed) -> str:
     """The failure's message, ending with a full stop (torch's errors end without one)."""
     text = str(failure).rstrip()
     return text if text.endswith(".") else text + "."
-
-
-def _require_unchanged(before: torch.Tensor, after: torch.Tensor, what: str, name: str) -> None:
-    if not torch.equal(before, after):
-        raise CheckFailed(
-            f"{what} changed its argument {name} in place (an in-place operation such as "
-            f"`{name} -= ...` or `{name}.sub_(...)`). Compute a new tensor instead: "
-            f"`shifted = {name} - ...`."
-        )
 
 
 # ---------------------------------------------------------------------------------------
@@ -206,16 +167,16 @@ def check_softmax(fn: Callable[..., torch.Tensor], *,
     """
     require_callable(fn, "a softmax function fn(x, dim=-1)")
     device = probe_device(device)
-    name = _name(fn, "fn")
+    name = answer_name(fn, "fn")
     gen = torch.Generator().manual_seed(2017)
-    small = _randn(gen, 4, 7, device=device, scale=2.0)
-    cube = _randn(gen, 3, 5, 6, device=device, scale=2.0)
-    far_apart = torch.cat([_randn(gen, 1, 6, device=device, scale=3.0, shift=1000.0),
-                           _randn(gen, 1, 6, device=device, scale=3.0, shift=-1000.0)])
+    small = seeded_randn(gen, 4, 7, device=device, scale=2.0)
+    cube = seeded_randn(gen, 3, 5, 6, device=device, scale=2.0)
+    far_apart = torch.cat([seeded_randn(gen, 1, 6, device=device, scale=3.0, shift=1000.0),
+                           seeded_randn(gen, 1, 6, device=device, scale=3.0, shift=-1000.0)])
     # each row runs from about -2000 up to about 0: a shift by the row's minimum or
     # mean leaves exponents far above 709, where exp overflows even in float64
     spread = torch.linspace(-2000.0, 0.0, 5, dtype=_DTYPE).to(device)
-    wide = _randn(gen, 3, 5, device=device, scale=3.0) + spread
+    wide = seeded_randn(gen, 3, 5, device=device, scale=3.0) + spread
     probes = [  # (x, dim, description)
         (small, -1, "a (4, 7) tensor with dim=-1"),
         (small, 0, "a (4, 7) tensor with dim=0"),
@@ -237,9 +198,9 @@ def check_softmax(fn: Callable[..., torch.Tensor], *,
             if not hint:
                 raise
             raise CheckFailed(f"{_sentence(failure)}{hint}") from failure.__cause__
-        _require_unchanged(before, x, what, "x")
+        require_unchanged(what, [before], [x], ["x"])
         require_tensor(out, what, tuple(x.shape), dtype=_DTYPE, device=device)
-        _judge(out, torch.softmax(x, dim=dim), _softmax_wrong_answers(x, dim), what, probe)
+        judge(out, torch.softmax(x, dim=dim), _softmax_wrong_answers(x, dim), what, probe)
     return passed(
         f"{name} matches torch.softmax along any dim, even for huge scores."
     )
@@ -316,19 +277,19 @@ def check_simplified_attention(fn: Callable[[torch.Tensor], torch.Tensor], *,
     """
     require_callable(fn, "a function fn(x) that returns the context vectors")
     device = probe_device(device)
-    name = _name(fn, "fn")
+    name = answer_name(fn, "fn")
     what = f"{name}(x)"
     gen = torch.Generator().manual_seed(2014)
     probes = [
-        (_randn(gen, 5, 3, device=device), "x of shape (5, 3)"),
-        (_randn(gen, 4, 7, device=device), "x of shape (4, 7)"),
-        (_randn(gen, 4, 3, device=device, scale=25.0),
+        (seeded_randn(gen, 5, 3, device=device), "x of shape (5, 3)"),
+        (seeded_randn(gen, 4, 7, device=device), "x of shape (4, 7)"),
+        (seeded_randn(gen, 4, 3, device=device, scale=25.0),
          "x of shape (4, 3) with entries of size about 25, whose scores reach the thousands"),
     ]
     for x, probe in probes:
         before = x.clone()
         out = call_answer(fn, x, what=what)
-        _require_unchanged(before, x, what, "x")
+        require_unchanged(what, [before], [x], ["x"])
         num_tokens, d_in = x.shape
         attn_weights = torch.softmax(x @ x.T, dim=-1)
         if isinstance(out, torch.Tensor) and tuple(out.shape) == (num_tokens, num_tokens):
@@ -339,7 +300,7 @@ def check_simplified_attention(fn: Callable[[torch.Tensor], torch.Tensor], *,
                     f"(num_tokens, d_in) = {(num_tokens, d_in)} (seen on {probe})."
                 )
         require_tensor(out, what, (num_tokens, d_in), dtype=_DTYPE, device=device)
-        _judge(out, attn_weights @ x, _simplified_wrong_answers(x), what, probe)
+        judge(out, attn_weights @ x, _simplified_wrong_answers(x), what, probe)
     return passed(
         f"{name} returns softmax(X X^T) X, also for large scores."
     )
@@ -347,6 +308,77 @@ def check_simplified_attention(fn: Callable[[torch.Tensor], torch.Tensor], *,
 
 # ---------------------------------------------------------------------------------------
 # query, key and value projections (chapter 2)
+
+
+def _call_projection(fn: Callable[..., Any], x: torch.Tensor,
+                     matrices: dict[str, torch.Tensor], what: str, probe: str) -> Any:
+    """``fn(x, W_query, W_key, W_value)`` on one probe: the three results, after
+    naming a shape error, a changed argument or a result that is not three tensors."""
+    before = [x.clone(), *(w.clone() for w in matrices.values())]
+    try:
+        out = call_answer(fn, x, *matrices.values(), what=what)
+    except CheckFailed as failure:
+        if x.ndim == 3:  # the 2-d probe passed
+            raise CheckFailed(
+                f"{_sentence(failure)} It works without a batch dimension but not on {probe}. "
+                "Does your code use x.T? On a 3-d tensor .T reverses every dimension; x @ W "
+                "needs no transpose and works on any number of leading dimensions."
+            ) from None
+        if "cannot be multiplied" in str(failure):
+            (d_in, d_k), d_v = matrices["W_query"].shape, matrices["W_value"].shape[-1]
+            raise CheckFailed(
+                f"{failure} (seen on {probe}, with W_query and W_key of shape "
+                f"(d_in, d_k) = {(d_in, d_k)} and W_value of shape (d_in, d_v) = "
+                f"{(d_in, d_v)}). Each matrix has one row per input dimension, so "
+                "x @ W_query needs no transpose. (torch.nn.Linear stores its weight "
+                "the other way round, as (d_out, d_in), and computes x @ weight.T.)"
+            ) from failure.__cause__
+        raise
+    require_unchanged(what, before, [x, *matrices.values()], ["x", *matrices])
+    if not (isinstance(out, (tuple, list)) and len(out) == 3):
+        raise CheckFailed(
+            f"{what} returned {type_name(out)}"
+            + (f" of length {len(out)}" if isinstance(out, (tuple, list)) else "")
+            + "; expected a tuple of three tensors: (queries, keys, values)."
+        )
+    return out
+
+
+def _judge_projection(result: object, w_name: str, projections: dict[str, torch.Tensor],
+                      where: str, probe: str, device: torch.device) -> None:
+    """One of the three results must be ``projections[w_name]``; name how it is not."""
+    expected = projections[w_name]
+    x_ndim = expected.ndim
+    if isinstance(result, torch.Tensor) and x_ndim == 2 and is_close(result, expected.T):
+        raise CheckFailed(
+            f"{where} are transposed: shape {tuple(result.shape)}, which is "
+            f"W^T x^T = (x @ {w_name})^T. With one row per token, compute x @ {w_name}, "
+            f"shape (num_tokens, {expected.shape[-1]}) (seen on {probe})."
+        )
+    if isinstance(result, torch.Tensor) and tuple(result.shape) != tuple(expected.shape):
+        if x_ndim == 3:
+            raise CheckFailed(
+                f"{where} have shape {tuple(result.shape)}, expected "
+                f"{tuple(expected.shape)} = (batch, num_tokens, {expected.shape[-1]}). Does "
+                "your code use x.T? On a batch, .T reverses every dimension; x @ W "
+                f"already works on any number of leading dimensions (seen on {probe})."
+            )
+        mixed_up = [other for other, p in projections.items()
+                    if tuple(p.shape) == tuple(result.shape) and is_close(result, p)]
+        if mixed_up:
+            raise CheckFailed(
+                f"{where} are x @ {mixed_up[0]}, expected x @ {w_name}: a matrix is "
+                "used for the wrong role, or the results are returned in the wrong "
+                f"order; return (queries, keys, values) (seen on {probe})."
+            )
+    result = require_tensor(result, where, tuple(expected.shape), dtype=_DTYPE, device=device)
+    wrong = {
+        f"are x @ {other}, expected x @ {w_name}: a matrix is used for the wrong role, "
+        "or the results are returned in the wrong order; return "
+        "(queries, keys, values)": projections[other]
+        for other in projections if other != w_name
+    }
+    judge(result, expected, wrong, where, probe)
 
 
 @checker
@@ -382,87 +414,27 @@ def check_qkv_projection(fn: Callable[..., Any], *,
     """
     require_callable(fn, "a function fn(x, W_query, W_key, W_value)")
     device = probe_device(device)
-    name = _name(fn, "fn")
+    name = answer_name(fn, "fn")
     what = f"{name}(x, W_query, W_key, W_value)"
     gen = torch.Generator().manual_seed(1706)
     d_in, d_k, d_v = 3, 4, 2
     matrices = {
-        "W_query": _randn(gen, d_in, d_k, device=device),
-        "W_key": _randn(gen, d_in, d_k, device=device),
-        "W_value": _randn(gen, d_in, d_v, device=device),
+        "W_query": seeded_randn(gen, d_in, d_k, device=device),
+        "W_key": seeded_randn(gen, d_in, d_k, device=device),
+        "W_value": seeded_randn(gen, d_in, d_v, device=device),
     }
-    roles = ("queries", "keys", "values")
     probes = [
-        (_randn(gen, 5, d_in, device=device), "x of shape (num_tokens, d_in) = (5, 3)"),
-        (_randn(gen, 2, 5, d_in, device=device),
+        (seeded_randn(gen, 5, d_in, device=device), "x of shape (num_tokens, d_in) = (5, 3)"),
+        (seeded_randn(gen, 2, 5, d_in, device=device),
          "x of shape (batch, num_tokens, d_in) = (2, 5, 3)"),
     ]
     for x, probe in probes:
-        before = [x.clone(), *(w.clone() for w in matrices.values())]
-        try:
-            out = call_answer(fn, x, *matrices.values(), what=what)
-        except CheckFailed as failure:
-            if x.ndim == 3:  # the 2-d probe passed
-                raise CheckFailed(
-                    f"{_sentence(failure)} It works without a batch dimension but not on "
-                    f"{probe}. Does "
-                    "your code use x.T? On a 3-d tensor .T reverses every dimension; x @ W "
-                    "needs no transpose and works on any number of leading dimensions."
-                ) from None
-            if "cannot be multiplied" in str(failure):
-                raise CheckFailed(
-                    f"{failure} (seen on {probe}, with W_query and W_key of shape "
-                    f"(d_in, d_k) = {(d_in, d_k)} and W_value of shape (d_in, d_v) = "
-                    f"{(d_in, d_v)}). Each matrix has one row per input dimension, so "
-                    "x @ W_query needs no transpose. (torch.nn.Linear stores its weight "
-                    "the other way round, as (d_out, d_in), and computes x @ weight.T.)"
-                ) from failure.__cause__
-            raise
-        for (arg, tensor), saved in zip([("x", x), *matrices.items()], before, strict=True):
-            _require_unchanged(saved, tensor, what, arg)
-        if not (isinstance(out, (tuple, list)) and len(out) == 3):
-            raise CheckFailed(
-                f"{what} returned {type(out).__name__}"
-                + (f" of length {len(out)}" if isinstance(out, (tuple, list)) else "")
-                + "; expected a tuple of three tensors: (queries, keys, values)."
-            )
+        out = _call_projection(fn, x, matrices, what, probe)
         projections = {w_name: x @ w for w_name, w in matrices.items()}
-        for role, w_name, result in zip(roles, matrices, out, strict=True):
-            expected = projections[w_name]
-            where = f"the {role} returned by {what}"
-            if isinstance(result, torch.Tensor) and x.ndim == 2 and is_close(result, expected.T):
-                raise CheckFailed(
-                    f"{where} are transposed: shape {tuple(result.shape)}, which is "
-                    f"W^T x^T = (x @ {w_name})^T. With one row per token, compute x @ {w_name}, "
-                    f"shape (num_tokens, {expected.shape[-1]}) (seen on {probe})."
-                )
-            if (isinstance(result, torch.Tensor) and x.ndim == 3
-                    and tuple(result.shape) != tuple(expected.shape)):
-                raise CheckFailed(
-                    f"{where} have shape {tuple(result.shape)}, expected "
-                    f"{tuple(expected.shape)} = (batch, num_tokens, {expected.shape[-1]}). Does "
-                    "your code use x.T? On a batch, .T reverses every dimension; x @ W "
-                    f"already works on any number of leading dimensions (seen on {probe})."
-                )
-            if (isinstance(result, torch.Tensor)
-                    and tuple(result.shape) != tuple(expected.shape)):
-                mixed_up = [other for other, p in projections.items()
-                            if tuple(p.shape) == tuple(result.shape) and is_close(result, p)]
-                if mixed_up:
-                    raise CheckFailed(
-                        f"{where} are x @ {mixed_up[0]}, expected x @ {w_name}: a matrix is "
-                        f"used for the wrong role, or the results are returned in the wrong "
-                        f"order; return (queries, keys, values) (seen on {probe})."
-                    )
-            result = require_tensor(result, where, tuple(expected.shape), dtype=_DTYPE,
-                                    device=device)
-            wrong = {
-                f"are x @ {other}, expected x @ {w_name}: a matrix is used for the wrong role, "
-                "or the results are returned in the wrong order; return "
-                "(queries, keys, values)": projections[other]
-                for other in matrices if other != w_name
-            }
-            _judge(result, expected, wrong, f"{where}", probe)
+        for role, w_name, result in zip(("queries", "keys", "values"), matrices, out,
+                                        strict=True):
+            _judge_projection(result, w_name, projections, f"the {role} returned by {what}",
+                              probe, device)
     return passed(
         f"{name} returns x @ W_query, x @ W_key, x @ W_value, also for a batch."
     )
@@ -494,6 +466,11 @@ def _sdpa_wrong_answers(query: torch.Tensor, key: torch.Tensor,
         "softmax":
             torch.softmax(scores, dim=-1) @ value / math.sqrt(d_k),
     }
+    wrong[
+        f"divides by 2 * d_k = {2 * d_k}, not by sqrt(d_k) = {math.sqrt(d_k):.4g}: "
+        "`scores / d_k**1/2` is read as (scores / d_k**1) / 2, since ** binds tighter than "
+        "/. Write scores / d_k**0.5 or scores / math.sqrt(d_k)"
+    ] = torch.softmax(scores / d_k / 2, dim=-1) @ value
     if d_k / 2 != math.sqrt(d_k):  # equal at d_k = 4
         wrong[
             f"divides by d_k**1/2, which Python reads as (d_k**1)/2 = d_k/2 = {d_k / 2:g}, "
@@ -551,7 +528,8 @@ def check_scaled_dot_product_attention(fn: Callable[..., torch.Tensor], *,
       ``query @ key^T / sqrt(d_k)`` is far above 710, where ``exp`` overflows.
 
     Recognised mistakes: scores not scaled; scaled by ``sqrt(d_v)``, by
-    ``d_k``, by ``d_k**1/2`` (that is ``d_k / 2``) or by the square root of the
+    ``d_k``, by ``d_k**1/2`` written either way (``scores / (d_k**1/2)`` divides
+    by ``d_k / 2``, ``scores / d_k**1/2`` by ``2 * d_k``) or by the square root of the
     number of tokens or of the batch size instead of ``sqrt(d_k)``; multiplied
     by ``sqrt(d_k)``; the scale applied after the softmax; softmax over the
     wrong dimension
@@ -576,7 +554,7 @@ def check_scaled_dot_product_attention(fn: Callable[..., torch.Tensor], *,
     """
     require_callable(fn, "a function fn(query, key, value)")
     device = probe_device(device)
-    name = _name(fn, "fn")
+    name = answer_name(fn, "fn")
     what = f"{name}(query, key, value)"
     gen = torch.Generator().manual_seed(1762)
     probes = [
@@ -591,9 +569,9 @@ def check_scaled_dot_product_attention(fn: Callable[..., torch.Tensor], *,
     ]
     passed_2d = False
     for q_shape, k_shape, v_shape, size, probe in probes:
-        query = _randn(gen, *q_shape, device=device, scale=size)
-        key = _randn(gen, *k_shape, device=device, scale=size)
-        value = _randn(gen, *v_shape, device=device)
+        query = seeded_randn(gen, *q_shape, device=device, scale=size)
+        key = seeded_randn(gen, *k_shape, device=device, scale=size)
+        value = seeded_randn(gen, *v_shape, device=device)
         before = [query.clone(), key.clone(), value.clone()]
         try:
             out = call_answer(fn, query, key, value, what=what)
@@ -606,9 +584,7 @@ def check_scaled_dot_product_attention(fn: Callable[..., torch.Tensor], *,
                     "use key.transpose(-2, -1), which swaps only the last two."
                 ) from None
             raise
-        for arg, tensor, saved in zip(("query", "key", "value"), (query, key, value), before,
-                                      strict=True):
-            _require_unchanged(saved, tensor, what, arg)
+        require_unchanged(what, before, [query, key, value], ["query", "key", "value"])
         context_vec, attn_weights = _reference_sdpa(query, key, value, return_weights=True)
         if isinstance(out, torch.Tensor) and out.shape == attn_weights.shape:
             if is_close(out, attn_weights):
@@ -618,7 +594,7 @@ def check_scaled_dot_product_attention(fn: Callable[..., torch.Tensor], *,
                     f"attn_weights @ value, shape {tuple(context_vec.shape)} (seen on {probe})."
                 )
         require_tensor(out, what, tuple(context_vec.shape), dtype=_DTYPE, device=device)
-        _judge(out, context_vec, _sdpa_wrong_answers(query, key, value), what, probe)
+        judge(out, context_vec, _sdpa_wrong_answers(query, key, value), what, probe)
         passed_2d = True
     return passed(
         f"{name} computes softmax(Q K^T / sqrt(d_k)) V, also for a batch."

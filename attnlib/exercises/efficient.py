@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from ._common import (
     CheckFailed,
+    answer_name,
     call_answer,
     checker,
     is_close,
@@ -38,11 +38,6 @@ __all__ = ["check_online_softmax", "check_flash_attention"]
 _DTYPE = torch.float64
 
 
-def _name(fn: Callable[..., Any], default: str) -> str:
-    name = getattr(fn, "__name__", "")
-    return name if name.isidentifier() else default
-
-
 def _overflowed(out: torch.Tensor, expected: torch.Tensor) -> bool:
     return bool((~torch.isfinite(out)).any() and torch.isfinite(expected).all())
 
@@ -52,15 +47,17 @@ def _overflowed(out: torch.Tensor, expected: torch.Tensor) -> bool:
 
 
 def _online_softmax_variant(x: torch.Tensor, *, rescale: str = "right",
-                            final_max: bool = True, initial_max: float = -math.inf
-                            ) -> torch.Tensor:
+                            final_max: bool = True, initial_max: float = -math.inf,
+                            clamp_sum: float | None = None) -> torch.Tensor:
     """A one-pass softmax over the last dim, right or with one typical slip.
 
     ``rescale``: ``"right"`` multiplies the running sum by ``exp(old_max - new_max)``,
     ``"none"`` forgets it, ``"inverted"`` uses ``exp(new_max - old_max)``.
     ``final_max=False`` exponentiates each entry with the maximum known when it
     was read instead of the final one. ``initial_max=0.0`` starts the running
-    maximum at 0 instead of ``-inf`` (rows far below 0 then give 0 / 0 = nan).
+    maximum at 0 instead of ``-inf`` (rows far below 0 then give 0 / 0 = nan);
+    ``clamp_sum`` divides by ``running_sum.clamp(min=clamp_sum)``, which turns that
+    0 / 0 into 0.
     """
     running_max = torch.full(x.shape[:-1], initial_max, dtype=x.dtype, device=x.device)
     running_sum = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
@@ -77,6 +74,8 @@ def _online_softmax_variant(x: torch.Tensor, *, rescale: str = "right",
         running_max = new_max
         max_when_read.append(new_max)
     shift = running_max.unsqueeze(-1) if final_max else torch.stack(max_when_read, dim=-1)
+    if clamp_sum is not None:
+        running_sum = running_sum.clamp(min=clamp_sum)
     return torch.exp(x - shift) / running_sum.unsqueeze(-1)
 
 
@@ -94,6 +93,12 @@ def _online_softmax_wrong_answers(x: torch.Tensor) -> dict[str, torch.Tensor]:
         "below 0 every exp(x_j - 0) underflows to 0, and the result is 0 / 0 = nan. Start at "
         "-inf (torch.full(..., -math.inf)), so that the first entry becomes the maximum":
             _online_softmax_variant(x, initial_max=0.0),
+        "starts the running maximum at 0 instead of -inf, and clamps the sum away from 0: in "
+        "a row whose entries are all far below 0 every exp(x_j - 0) underflows to 0, so the "
+        "sum is 0 and the clamp turns 0 / 0 into a row of zeros, which does not sum to 1. "
+        "Start at -inf (torch.full(..., -math.inf)): the first entry then becomes the "
+        "maximum, the sum is at least 1, and no clamp is needed":
+            _online_softmax_variant(x, initial_max=0.0, clamp_sum=1e-30),
         "rescales the running sum by exp(m_new - m_old), the inverse of the right factor: the "
         "sum must SHRINK when the maximum grows, so multiply by exp(m_old - m_new) <= 1":
             _online_softmax_variant(x, rescale="inverted"),
@@ -126,9 +131,9 @@ def check_online_softmax(fn: Callable[[torch.Tensor], torch.Tensor], *,
     (for example the maximum updated before the factor is computed); the
     inverse rescale factor; numerators shifted by the maximum known when each
     entry was read instead of the final maximum; the running maximum started
-    at 0 instead of ``-inf`` (nan on rows far below 0); overflow (no running
-    maximum); softmax over the wrong dimension; no division by the sum;
-    changing ``x`` in place.
+    at 0 instead of ``-inf`` (nan on rows far below 0, or zeros where the sum
+    is clamped away from 0); overflow (no running maximum); softmax over the
+    wrong dimension; no division by the sum; changing ``x`` in place.
 
     Args:
         fn: the learner's function, called as ``fn(x)``; it must return a
@@ -151,7 +156,7 @@ def check_online_softmax(fn: Callable[[torch.Tensor], torch.Tensor], *,
     """
     require_callable(fn, "a one-pass softmax function fn(x)")
     device = probe_device(device)
-    name = _name(fn, "fn")
+    name = answer_name(fn, "fn")
     gen = torch.Generator().manual_seed(1805)
 
     def rising(*shape: int) -> torch.Tensor:
@@ -218,7 +223,7 @@ def _hidden(mask: str, cols: torch.Tensor, rows: torch.Tensor, start: int,
 
 def _tiled_variant(query, key, value, is_causal, block_size, *, rescale_acc=True,
                    rescale_sum=True, scale=None, causal_offset=0, mask="top-left",
-                   initial_max=-math.inf, divide=True, safe=True):
+                   initial_max=-math.inf, divide=True, safe=True, fill=-math.inf):
     """Tiled attention over key blocks (queries vectorised), right or with one slip.
 
     ``mask`` (with ``is_causal``) hides key ``j`` from query ``i`` where:
@@ -228,7 +233,9 @@ def _tiled_variant(query, key, value, is_causal, block_size, *, rescale_acc=True
     ``c > i`` with ``c`` the key's index inside its tile (0 .. block_size - 1).
     ``safe=False`` computes as a learner's plain loop would, nan included: no
     guard for a row whose running maximum is still ``-inf``, and ``acc /
-    row_sum`` without a guard for a zero sum.
+    row_sum`` without a guard for a zero sum. ``fill`` is the score a hidden key
+    gets: a finite one such as ``-1e9`` or ``-torch.finfo(dtype).max`` gives
+    a query that sees no key at all the mean of every value instead of nan.
     """
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
@@ -244,7 +251,7 @@ def _tiled_variant(query, key, value, is_causal, block_size, *, rescale_acc=True
         if is_causal:
             cols = torch.arange(start, end, device=query.device)
             scores = scores.masked_fill(_hidden(mask, cols, rows, start, causal_offset),
-                                        -math.inf)
+                                        fill)
         new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))
         if safe:  # rows that saw nothing yet: subtract 0 instead of -inf
             new_max_used = new_max.masked_fill(new_max == -math.inf, 0.0)
@@ -340,9 +347,13 @@ def _flash_wrong_answers(query, key, value, is_causal, block_size
                           "(start .. start + block_size - 1): compare "
                           "torch.arange(start, end) with the query positions",
         }
+        finite = ("; hidden with a finite score such as -1e9 or -torch.finfo(dtype).max, "
+                  "a query that then sees no key spreads its weight evenly over all of "
+                  "them instead of giving nan")
         for mask, message in masks.items():
             wrong += [(message, _tiled_variant(*args, mask=mask, safe=False)),
-                      (message, _tiled_variant(*args, mask=mask))]
+                      (message, _tiled_variant(*args, mask=mask)),
+                      (message + finite, _tiled_variant(*args, mask=mask, fill=-1e9))]
     return wrong
 
 
@@ -351,6 +362,26 @@ def _name_flash_mistake(out: torch.Tensor, wrong: list[tuple[str, torch.Tensor]]
         if is_close(out, candidate):
             return message
     return None
+
+
+def _judge_flash(out: torch.Tensor, args: tuple, what: str) -> None:
+    """Return if ``out`` is attention of ``args = (query, key, value, is_causal,
+    block_size)``; otherwise name the mistake, an overflow, or the difference."""
+    expected = _reference_attention(*args[:4])
+    if is_close(out, expected):
+        return
+    mistake = _name_flash_mistake(out, _flash_wrong_answers(*args))
+    if mistake is not None:
+        raise CheckFailed(f"{what} {mistake}.")
+    if _overflowed(out, expected):
+        raise CheckFailed(
+            f"{what} gives inf or nan: exp of large scores overflows. Keep a running "
+            "maximum per query and subtract it inside every exp.")
+    raise CheckFailed(
+        f"{what} differs from softmax(q k^T / sqrt(d_k)) v by up to "
+        f"{max_difference(out, expected):.3g}. Compare with "
+        "attnlib.functional.flash_attention(query, key, value, is_causal, "
+        "block_size=...) on a small input, tile by tile.")
 
 
 def _reference_attention(query, key, value, is_causal):
@@ -385,7 +416,10 @@ def check_flash_attention(fn: Callable[..., torch.Tensor], *,
     bottom-right, hiding the diagonal, flipped (hiding the past), or built
     from the key's index inside its tile; overflow; changing an input in
     place. A mistake that gives nan where a plain loop would is recognised
-    with or without the nan.
+    with or without the nan, and a wrong mask also when it hides keys with a
+    finite score (``-1e9`` or ``-torch.finfo(dtype).max``) instead of
+    ``-inf``. A right mask with a finite fill is accepted: every query of the
+    probes sees at least key 0.
 
     Args:
         fn: the learner's function, called as
@@ -409,7 +443,7 @@ def check_flash_attention(fn: Callable[..., torch.Tensor], *,
     require_callable(fn, "a tiled attention function fn(query, key, value, is_causal, "
                          "block_size)")
     device = probe_device(device)
-    name = _name(fn, "fn")
+    name = answer_name(fn, "fn")
     gen = torch.Generator().manual_seed(2205)
 
     def probe_tensors(n_q: int, n_kv: int, big: float = 1.0, apart: float = 0.0):
@@ -448,22 +482,7 @@ def check_flash_attention(fn: Callable[..., torch.Tensor], *,
                 raise CheckFailed(f"{what} changed {label} in place; leave the inputs alone.")
         shape = (*query.shape[:-1], value.shape[-1])
         out = require_tensor(out, what, shape, dtype=_DTYPE, device=device)
-        expected = _reference_attention(query, key, value, is_causal)
-        if is_close(out, expected):
-            continue
-        mistake = _name_flash_mistake(
-            out, _flash_wrong_answers(query, key, value, is_causal, block_size))
-        if mistake is not None:
-            raise CheckFailed(f"{what} on {probe} {mistake}.")
-        if _overflowed(out, expected):
-            raise CheckFailed(
-                f"{what} on {probe} gives inf or nan: exp of large scores overflows. Keep a "
-                "running maximum per query and subtract it inside every exp.")
-        raise CheckFailed(
-            f"{what} on {probe} differs from softmax(q k^T / sqrt(d_k)) v by up to "
-            f"{max_difference(out, expected):.3g}. Compare with "
-            "attnlib.functional.flash_attention(query, key, value, is_causal, "
-            "block_size=...) on a small input, tile by tile.")
+        _judge_flash(out, (query, key, value, is_causal, block_size), f"{what} on {probe}")
     return passed(f"{name} matches attention for 4 block sizes, N_q != N_kv both ways, causal "
                   "and not, with growing scores, scores in the hundreds and scores far below "
                   "0.")

@@ -193,7 +193,7 @@ def _run_probe(fn, attn_weights: torch.Tensor, inputs: torch.Tensor) -> torch.Te
     return out
 
 
-def _judge(probes, outputs) -> None:
+def _judge_scores(probes, outputs) -> None:
     """Raise CheckFailed naming the mistake unless every output is right.
 
     A wrong answer is named only when it gives the learner's numbers on every
@@ -264,5 +264,5 @@ def check_prefix_matching_score(fn, *, device=None) -> bool:
     require_callable(fn, "your function fn(attn_weights, inputs)")
     probes = _probes(device)
     outputs = [_run_probe(fn, attn_weights, inputs) for attn_weights, inputs in probes]
-    _judge(probes, outputs)
+    _judge_scores(probes, outputs)
     return passed("one prefix-matching score per head, averaged over the counted queries.")

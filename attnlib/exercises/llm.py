@@ -14,6 +14,8 @@ and names the typical wrong answers by computing each one and comparing.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from ._common import (
@@ -42,12 +44,12 @@ _FLOAT32_ATOL = 1e-5
 
 
 def _angles(num_tokens: int, head_dim: int, first_position: int, exponent_step: float,
-            device: torch.device, first_pair: int = 0) -> torch.Tensor:
+            device: torch.device, first_pair: int = 0, base: float = _BASE) -> torch.Tensor:
     """``(num_tokens, head_dim // 2)`` angles ``m * base^(-exponent_step * i / head_dim)``,
     pairs ``i = first_pair ... first_pair + head_dim / 2 - 1``."""
     i = torch.arange(first_pair, first_pair + head_dim // 2, dtype=torch.float64,
                      device=device)
-    theta = _BASE ** (-exponent_step * i / head_dim)
+    theta = base ** (-exponent_step * i / head_dim)
     positions = torch.arange(first_position, first_position + num_tokens, dtype=torch.float64,
                              device=device)
     return torch.outer(positions, theta)
@@ -86,10 +88,23 @@ def _rope_adjacent(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _rope_wrong_answers(x: torch.Tensor) -> dict[str, torch.Tensor]:
+def _rope_wrong_answers(x: torch.Tensor, base: float = _BASE) -> dict[str, torch.Tensor]:
     n, d = x.shape[-2], x.shape[-1]
-    right = _angles(n, d, 0, 2, x.device)
-    return {
+
+    def angles(first_position: int = 0, exponent_step: float = 2, first_pair: int = 0,
+               angle_base: float = base) -> torch.Tensor:
+        return _angles(n, d, first_position, exponent_step, x.device, first_pair, angle_base)
+
+    right = angles()
+    wrong = {}
+    if base != _BASE:
+        wrong[
+            f"ignores its base argument: called with base={base:g}, it turned the pairs as "
+            f"with base = {_BASE:g}. Use the argument in theta_i = base ** (-2 * i / "
+            "head_dim) instead of a fixed 10000 (models choose other bases: Llama 3 uses "
+            "500000)"
+        ] = _rope_half_split(x, angles(angle_base=_BASE))
+    wrong.update({
         "you rotated ADJACENT pairs (components 2i and 2i + 1, the paper's layout). This "
         "exercise asks for the half-split layout: pair i is components i and i + head_dim/2, "
         "x1, x2 = x.chunk(2, dim=-1). The two are the same map up to a permutation of "
@@ -98,7 +113,7 @@ def _rope_wrong_answers(x: torch.Tensor) -> dict[str, torch.Tensor]:
         "your positions start at 1: the first token must sit at position 0 and be left "
         "unchanged (angle 0). Use torch.arange(num_tokens), not torch.arange(1, num_tokens + "
         "1). Check: fn(x)[..., 0, :] should equal x[..., 0, :].": _rope_half_split(
-            x, _angles(n, d, 1, 2, x.device)),
+            x, angles(first_position=1)),
         "a sign is missing in rotate_half: it must return cat([-x2, x1]), not cat([x2, x1]). "
         "Without the minus sign the map is not a rotation: the norms of the vectors "
         "change (compare fn(x).norm(dim=-1) with x.norm(dim=-1)).": _rope_half_split(
@@ -108,19 +123,19 @@ def _rope_wrong_answers(x: torch.Tensor) -> dict[str, torch.Tensor]:
         "cat([x2, -x1]) or a minus before the sine term.": _rope_half_split(x, right, -1.0),
         "the frequencies are wrong: theta_i = base ** (-2 * i / head_dim) for i = 0 .. "
         "head_dim/2 - 1 (note the 2). You used base ** (-i / head_dim), so the slow pairs "
-        "turn too fast.": _rope_half_split(x, _angles(n, d, 0, 1, x.device)),
+        "turn too fast.": _rope_half_split(x, angles(exponent_step=1)),
         "the frequencies are wrong: theta_i = base ** (-2 * i / head_dim) with i counted "
         "over the head_dim/2 PAIRS. You divided by head_dim/2 (base ** (-2 * i / "
         "(head_dim // 2)), or base ** (-4 * i / head_dim)), so the slow pairs turn too "
-        "slowly.": _rope_half_split(x, _angles(n, d, 0, 4, x.device)),
+        "slowly.": _rope_half_split(x, angles(exponent_step=4)),
         "the minus sign of the exponent is missing: theta_i = base ** (-2 * i / head_dim) "
         "is at most 1 radian per position and shrinks with i; base ** (2 * i / head_dim) "
-        "grows up to about base.": _rope_half_split(x, _angles(n, d, 0, -2, x.device)),
+        "grows up to about base.": _rope_half_split(x, angles(exponent_step=-2)),
         "your pair index starts at 1: the first pair must turn by 1 radian per position, "
         "theta_0 = base ** 0. The paper writes theta_i = 10000 ** (-2 (i - 1) / d) for i = 1 "
         ".. d/2; counting from 0 that is base ** (-2 * i / head_dim) with "
         "i = torch.arange(head_dim // 2).": _rope_half_split(
-            x, _angles(n, d, 0, 2, x.device, first_pair=1)),
+            x, angles(first_pair=1)),
         "cos and sin are swapped: the rotation is x * cos + rotate_half(x) * sin, so that "
         "position 0 (angle 0: cos = 1, sin = 0) leaves x unchanged.": _rope_half_split(
             x, right, swap_cos_sin=True),
@@ -134,21 +149,33 @@ def _rope_wrong_answers(x: torch.Tensor) -> dict[str, torch.Tensor]:
         "2i + 1 get different angles. Use the half-split layout throughout: x1, x2 = "
         "x.chunk(2, dim=-1), rotate_half(x) = cat([-x2, x1]).":
             _rope_adjacent_with_half_angles(x, right),
-    }
+    })
+    return wrong
+
+
+def _takes_base(fn) -> bool:
+    """Whether ``fn`` can be called with ``base=...`` (True where its signature is unknown)."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return True
+    return "base" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
 
 
 @checker
 def check_rope(fn, *, device=None) -> bool:
-    """Check ``fn(x)``: rotary position embedding, half-split layout, base 10000.
+    """Check ``fn(x, base=10000.0)``: rotary position embedding, half-split layout.
 
     ``x`` is ``(..., num_tokens, head_dim)`` (queries or keys; ``head_dim``
     even); token ``m`` (counting from 0) has each pair ``(x[i], x[i + head_dim/2])``
-    rotated by the angle ``m * theta_i``, ``theta_i = 10000^(-2i / head_dim)``:
+    rotated by the angle ``m * theta_i``, ``theta_i = base^(-2i / head_dim)``:
     ``x * cos + rotate_half(x) * sin`` with ``rotate_half([x1, x2]) = [-x2, x1]``,
     as :class:`attnlib.RotaryPositionalEmbedding` computes. Probed on float64
-    inputs of shapes ``(2, 3, 7, 8)``, ``(5, 6)`` and ``(1, 1, 12, 4)``.
+    inputs of shapes ``(2, 3, 7, 8)``, ``(5, 6)`` and ``(1, 1, 12, 4)`` as
+    ``fn(x)`` (base 10000), then ``(3, 9, 6)`` as ``fn(x, base=500.0)``.
 
-    Recognised wrong answers: adjacent pairs instead of halves, the two
+    Recognised wrong answers: ``base`` ignored (10000 written into the
+    answer) or missing from the signature, adjacent pairs instead of halves, the two
     layouts mixed (angles repeated with ``repeat_interleave`` but halves
     rotated, or adjacent pairs rotated with the halves' angles), positions
     starting at 1, a missing minus sign in ``rotate_half``, rotating the other
@@ -158,7 +185,7 @@ def check_rope(fn, *, device=None) -> bool:
     wrong shape or dtype, a mutated input.
 
     Args:
-        fn: the learner's function, ``fn(x) -> Tensor``.
+        fn: the learner's function, ``fn(x, base=10000.0) -> Tensor``.
         device: where to probe (keyword only); default the CPU.
 
     Returns:
@@ -173,19 +200,33 @@ def check_rope(fn, *, device=None) -> bool:
     device = probe_device(device)
     require_callable(fn, "your RoPE function fn(x)")
     generator = torch.Generator().manual_seed(9)
-    for shape in ((2, 3, 7, 8), (5, 6), (1, 1, 12, 4)):
+    # The last probe passes base=500: an answer that keeps 10000 fixed fails there.
+    for shape, base in (((2, 3, 7, 8), None), ((5, 6), None), ((1, 1, 12, 4), None),
+                        ((3, 9, 6), 500.0)):
         x = torch.randn(*shape, generator=generator, dtype=torch.float64).to(device)
         x_before = x.clone()
-        what = f"fn(x) for x of shape {shape}"
-        out = require_tensor(call_answer(fn, x, what=what), what, shape, torch.float64, device)
+        if base is None:
+            what, kwargs, base = f"fn(x) for x of shape {shape}", {}, _BASE
+        else:
+            what, kwargs = f"fn(x, base={base:g}) for x of shape {shape}", {"base": base}
+            if not _takes_base(fn):
+                raise CheckFailed(
+                    "your function takes no argument base: the exercise asks for "
+                    "my_rope(x, base=10000.0), since models choose other bases (Llama 3 "
+                    "uses 500000). Add it and use it in theta_i = base ** (-2 * i / "
+                    "head_dim)."
+                )
+        out = call_answer(fn, x, what=what, **kwargs)
+        out = require_tensor(out, what, shape, torch.float64, device)
         if not torch.equal(x, x_before):
             raise CheckFailed(f"{what} changed its input x in place: return a new tensor "
                               "(x * cos + ... creates one; avoid x *= ... or x[...] = ...)")
-        expected = _rope_half_split(x, _angles(shape[-2], shape[-1], 0, 2, device))
+        expected = _rope_half_split(x, _angles(shape[-2], shape[-1], 0, 2, device, base=base))
         if is_close(out, expected, atol=1e-10, rtol=1e-8):
             continue
         # Named at float32's tolerance, so that a slip made in float32 is still named.
-        message = name_wrong_answer(out, _rope_wrong_answers(x), atol=_FLOAT32_ATOL, rtol=0.0)
+        message = name_wrong_answer(out, _rope_wrong_answers(x, base), atol=_FLOAT32_ATOL,
+                                    rtol=0.0)
         if message is not None:
             raise CheckFailed(f"{what}: {message}")
         if is_close(out, expected, atol=_FLOAT32_ATOL, rtol=0.0):

@@ -11,13 +11,28 @@ typical wrong answers by computing each one and comparing.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn as nn
 
+from ._attention_modules import (
+    DROPOUT_P,
+    QKV,
+    Forward,
+    build_module,
+    check_dropout,
+    check_no_future_leak,
+    forward_or_name_unsliced_mask,
+    judge_module_output,
+    probe_input,
+    run_module,
+    set_weights,
+)
 from ._common import (
     CheckFailed,
+    answer_name,
     call_answer,
     checker,
     is_close,
@@ -28,9 +43,8 @@ from ._common import (
     require_callable,
     require_class,
     require_tensor,
-    name_nan_output as _name_nan_output,
-    linear_from_weights as _linear,
 )
+from ._common import linear_from_weights as _linear
 
 __all__ = ["check_causal_mask", "check_causal_attention"]
 
@@ -61,6 +75,9 @@ def _wrong_masks(num_tokens: int, device: torch.device) -> dict[str, torch.Tenso
         "row i must be True for the keys j <= i, the tokens up to and including i.": torch.triu(
             ones
         ),
+        "your mask is True everywhere, so it masks nothing: every token sees the future, the "
+        "tokens after it, as in a model without a mask. Keep only the lower triangle, "
+        "diagonal included: torch.tril(torch.ones(n, n, dtype=torch.bool)).": ones,
     }
 
 
@@ -77,9 +94,11 @@ def check_causal_mask(fn, *, device=None) -> bool:
 
     Recognised wrong answers: the polarity flipped (True = blocked), the
     diagonal missing (strict lower triangle), the upper triangle instead of
-    the lower, a float or int mask instead of bool (including an additive
-    mask of 0 and -inf), and a wrong shape (an extra batch dimension, not
-    square, or a fixed size).
+    the lower, a mask that is True everywhere (every token sees the future), a
+    float or int mask instead of bool (including an additive mask of 0 and
+    -inf), and a wrong shape (an extra batch dimension, not square, or a fixed
+    size). Any other wrong mask is shown beside the right one, with the
+    entries that let a token see the future and those that hide its past.
 
     Args:
         fn: the learner's function, ``fn(num_tokens) -> Tensor``.
@@ -118,10 +137,25 @@ def check_causal_mask(fn, *, device=None) -> bool:
             raise CheckFailed(f"{what}: {message}")
         raise CheckFailed(
             f"{what} returned\n{out.int()}\nbut the causal mask is\n{reference.int()}\n"
-            "(1 = True = may attend): row i is True in columns 0 to i."
+            f"(1 = True = may attend): row i is True in columns 0 to i.{_mask_errors(out)}"
         )
     _use_mask_on_device(fn, device)
     return passed("a bool causal mask, True on and below the diagonal, at every size.")
+
+
+def _mask_errors(out: torch.Tensor) -> str:
+    """What a wrong square bool mask gets wrong: the future it shows, the past it hides."""
+    rows, cols = torch.ones_like(out).nonzero(as_tuple=True)
+    future = [(int(i), int(j)) for i, j in zip(rows, cols, strict=True) if j > i and out[i, j]]
+    hidden = [(int(i), int(j)) for i, j in zip(rows, cols, strict=True) if j <= i and not out[i, j]]
+    text = ""
+    if future:
+        text += (f" Your mask lets tokens see the future: True above the diagonal at (query, key) "
+                 f"= {', '.join(map(str, future[:4]))}{', ...' if len(future) > 4 else ''}.")
+    if hidden:
+        text += (f" It hides tokens a query may see (False on or below the diagonal) at "
+                 f"{', '.join(map(str, hidden[:4]))}{', ...' if len(hidden) > 4 else ''}.")
+    return text
 
 
 def _name_wrong_mask_shape(fn, out: torch.Tensor, num_tokens: int, what: str) -> None:
@@ -206,70 +240,20 @@ def _use_mask_on_device(fn, device: torch.device) -> None:
 #: batch differs from d_out, so a scale read from the wrong dimension cannot pass.
 _D_IN, _D_OUT, _CONTEXT_LENGTH, _BATCH = 5, 3, 8, 2
 _NUM_TOKENS = (7, 4, 1, 8)
-#: Dropout probability of the dropout probe: 1/p = 5 and 1/(1-p) = 1.25 differ.
-_P = 0.2
-#: Copies of one sequence in the dropout probe's batch; the mean over them is
-#: within about 3 % of its expectation (so 1.0, 0.8 and 4.0 are far apart).
-_DROPOUT_COPIES = 4000
+_LAYERS = {name: ((_D_OUT, _D_IN), "nn.Linear(d_in, d_out, bias=qkv_bias)") for name in QKV}
+_LEAK_ADVICE = ("Token i may only attend to tokens 0..i: fill the scores above the diagonal "
+                "with -inf before the softmax.")
 
 
-def _build(cls, dropout: float, qkv_bias: bool, device: torch.device, what: str):
-    args = (_D_IN, _D_OUT, _CONTEXT_LENGTH, dropout)
-    module = call_answer(cls, *args, qkv_bias=qkv_bias,
-                         what=f"{what}(d_in={_D_IN}, d_out={_D_OUT}, "
-                         f"context_length={_CONTEXT_LENGTH}, dropout={dropout}, "
-                         f"qkv_bias={qkv_bias})")
-    if not isinstance(module, nn.Module):
-        raise CheckFailed(f"{what}(...) did not build an nn.Module")
-    for name in ("W_query", "W_key", "W_value"):
-        layer = getattr(module, name, None)
-        weight = getattr(layer, "weight", None)
-        if not isinstance(weight, torch.Tensor):
-            raise CheckFailed(
-                f"your module has no {name} with a .weight: create it as "
-                f"self.{name} = nn.Linear(d_in, d_out, bias=qkv_bias)"
-            )
-        if tuple(weight.shape) != (_D_OUT, _D_IN):
-            raise CheckFailed(
-                f"{name}.weight has shape {tuple(weight.shape)}; with d_in={_D_IN} and "
-                f"d_out={_D_OUT} an nn.Linear(d_in, d_out) has weight ({_D_OUT}, {_D_IN})"
-            )
-        has_bias = getattr(layer, "bias", None) is not None
-        if has_bias != qkv_bias:
-            raise CheckFailed(
-                f"with qkv_bias={qkv_bias}, {name} {'has' if has_bias else 'has no'} bias: "
-                "pass bias=qkv_bias to each nn.Linear"
-            )
-    _require_registered_tensors(module)
-    return module.to(device=device, dtype=torch.float64)
+def _build(cls, dropout: float, qkv_bias: bool, device: torch.device, what: str) -> nn.Module:
+    call = (f"{what}(d_in={_D_IN}, d_out={_D_OUT}, context_length={_CONTEXT_LENGTH}, "
+            f"dropout={dropout}, qkv_bias={qkv_bias})")
+    return build_module(cls, (_D_IN, _D_OUT, _CONTEXT_LENGTH, dropout),
+                        {"qkv_bias": qkv_bias}, call, _LAYERS, device)
 
 
-def _require_registered_tensors(module: nn.Module) -> None:
-    """A tensor kept as a plain attribute does not move with ``.to(device)``."""
-    for name, value in vars(module).items():
-        if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
-            raise CheckFailed(
-                f"self.{name} is a plain tensor attribute: module.to(device) does not move it and "
-                "state_dict() does not save it, so on a GPU the forward pass fails with a device "
-                f"mismatch. Register it: self.register_buffer({name!r}, ...)."
-            )
-
-
-def _set_weights(module: nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
-    """Seeded weights large enough that the scores are of order 1 to 3."""
-    generator = torch.Generator().manual_seed(2024)
-    weights = {}
-    with torch.no_grad():
-        for name in ("W_query", "W_key", "W_value"):
-            layer = getattr(module, name)
-            w = torch.randn(_D_OUT, _D_IN, generator=generator, dtype=torch.float64)
-            layer.weight.copy_(w.to(device))
-            weights[name] = layer.weight.detach().clone()
-            if layer.bias is not None:
-                b = 0.5 * torch.randn(_D_OUT, generator=generator, dtype=torch.float64)
-                layer.bias.copy_(b.to(device))
-                weights[name + ".bias"] = layer.bias.detach().clone()
-    return weights
+def _runner(module: nn.Module) -> Forward:
+    return functools.partial(run_module, module, d_out=_D_OUT)
 
 
 def _causal_attention(
@@ -357,146 +341,15 @@ def _wrong_causal_attention(
     }
 
 
-def _probe_input(batch: int, num_tokens: int, seed: int, device: torch.device) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(batch, num_tokens, _D_IN, generator=generator, dtype=torch.float64)
-    return x.to(device)
-
-
-def _forward(module: nn.Module, x: torch.Tensor, what: str) -> torch.Tensor:
-    with torch.no_grad():
-        out = call_answer(module, x, what=what)
-    return require_tensor(out, what, (x.shape[0], x.shape[1], _D_OUT), device=x.device)
-
-
-def _forward_or_name_unsliced_mask(
-    module: nn.Module, x: torch.Tensor, what: str, device: torch.device
-) -> torch.Tensor:
-    """``module(x)``; if it fails only below ``context_length`` tokens, say why."""
-    try:
-        return _forward(module, x, what)
-    except CheckFailed as failure:
-        if x.shape[1] == _CONTEXT_LENGTH:
-            raise
-        try:
-            _forward(module, _probe_input(x.shape[0], _CONTEXT_LENGTH, 0, device), what)
-        except CheckFailed:
-            raise failure from None
-        raise CheckFailed(
-            f"{failure}\nYour module works with num_tokens = context_length = {_CONTEXT_LENGTH} "
-            f"but not with {x.shape[1]} tokens: the mask is (context_length, context_length). "
-            "Cut it to the input's length: self.mask[:num_tokens, :num_tokens]."
-        ) from None
-
-
-def _check_no_future_leak(module: nn.Module, x: torch.Tensor, what: str) -> None:
-    """Change token t: the outputs before t must not move."""
-    num_tokens = x.shape[1]
-    base = _forward(module, x, what)
-    for t in range(1, num_tokens):
-        changed = x.clone()
-        changed[:, t] += 1.5
-        out = _forward(module, changed, what)
-        moved = (out[:, :t] - base[:, :t]).abs().amax().item()
-        if not moved <= 1e-12:
-            raise CheckFailed(
-                f"a future token leaks: changing the input at position {t} changed the outputs "
-                f"at positions before {t} by up to {moved:.3g}. Token i may only attend to tokens "
-                "0..i: fill the scores above the diagonal with -inf before the softmax."
-            )
-
-
-def _dropout_site_problem(first_token: torch.Tensor, value: torch.Tensor) -> str | None:
-    """What is wrong with the dropout, seen in the first token's outputs; None if nothing.
-
-    The first token attends only to itself, with weight 1, so dropout on the
-    attention weights makes its context vector either 0 (the weight dropped,
-    with probability p) or ``c * value`` (kept and scaled by ``c``). Dropout on
-    the values, the context vectors or the output zeroes its features one by
-    one instead; dropout on the scores never zeroes it (the softmax of its one
-    remaining score is 1 again); ``nn.Dropout(1 - p)`` zeroes it with
-    probability 1 - p.
-
-    Args:
-        first_token: ``(draws, d)`` the first token's context vectors in training mode.
-        value: ``(d,)`` its value vector (its dropout-free context vector).
-    """
-    coefficient = first_token @ value / (value @ value)  # (draws,)
-    residual = (first_token - coefficient[:, None] * value).norm(dim=-1).amax()
-    if residual > 1e-6 * value.norm():
-        return (
-            "the first token's context vector is not what dropout on the attention weights "
-            "gives. That token attends only to itself, with weight 1, so dropping attention "
-            "weights either zeroes its whole context vector or scales the whole of it by "
-            "1/(1-p); in your module its features are zeroed one by one. Apply the dropout to "
-            "attn_weights right after the softmax, not to the values, the context vectors or "
-            "the output."
-        )
-    dropped = float((coefficient.abs() < 1e-9).double().mean())
-    if dropped == 0.0:
-        return (
-            "the first token's context vector is never zeroed, so its one attention weight "
-            "(1, on itself) is never dropped. Dropout on the scores, before the softmax, does "
-            "not cut a link: a dropped score becomes 0 and the softmax still gives it weight. "
-            "Apply the dropout to attn_weights, after the softmax."
-        )
-    if abs(dropped - (1 - _P)) < 0.05:
-        return (
-            f"your module drops {dropped:.0%} of the attention weights instead of "
-            f"p = {_P:.0%}: nn.Dropout(p) and torch.nn.functional.dropout take the "
-            "probability of DROPPING a weight, not of keeping it. Pass dropout, not 1 - dropout."
-        )
-    if abs(dropped - _P) > 0.05:
-        return (
-            f"your module drops {dropped:.0%} of the attention weights instead of "
-            f"p = {_P:.0%}: each weight must be dropped with probability p."
-        )
-    return None
-
-
-def _check_dropout(cls, device: torch.device, what: str) -> None:
+def _check_causal_dropout(cls, device: torch.device, what: str) -> None:
     """Dropout on the weights: random in training mode, off in eval mode, mean kept."""
-    module = _build(cls, _P, False, device, what)
-    weights = _set_weights(module, device)
-    x = _probe_input(1, 6, seed=11, device=device)
-    reference = _causal_attention(x, weights)
-    copies = x.expand(_DROPOUT_COPIES, -1, -1).contiguous()
-    torch.manual_seed(0)  # inside the checker's fork of the RNG
-    module.train()
-    first = _forward(module, copies, f"{what}(..., dropout={_P}) in training mode")
-    if is_close(first, reference.expand_as(first)):
-        raise CheckFailed(
-            f"with dropout={_P}, training mode gives the dropout-free output: the attention "
-            "weights are never dropped. Apply self.dropout = nn.Dropout(dropout) to attn_weights "
-            "in forward."
-        )
-    problem = _dropout_site_problem(first[:, 0, :], reference[0, 0])
-    if problem is not None:
-        raise CheckFailed(f"with dropout={_P}, {problem}")
-    mean = first.mean(dim=0)
-    factor = float((mean * reference[0]).sum() / (reference[0] * reference[0]).sum())
-    if abs(factor - 1.0) > 0.1:
-        if abs(factor - (1 - _P) / _P) < 0.4:
-            problem = (f"the kept weights are scaled by 1/p = {1 / _P:g} instead of "
-                       f"1/(1-p) = {1 / (1 - _P):g}")
-        elif abs(factor - (1 - _P)) < 0.05:
-            problem = "the kept weights are not scaled by 1/(1-p)"
-        else:
-            problem = "the dropout does not keep the expected value of the weights"
-        raise CheckFailed(
-            f"with dropout={_P}, the mean output over {_DROPOUT_COPIES} draws is {factor:.2f} "
-            f"times the dropout-free output instead of 1: {problem}. Inverted dropout keeps each "
-            "weight with probability 1-p and scales it by 1/(1-p); nn.Dropout(p) does this."
-        )
-    module.eval()
-    evaluated = _forward(module, copies[:2], f"{what}(..., dropout={_P}) in eval mode")
-    if not is_close(evaluated, reference.expand(2, -1, -1)):
-        raise CheckFailed(
-            f"with dropout={_P}, eval mode does not give the dropout-free output (max difference "
-            f"{max_difference(evaluated, reference.expand(2, -1, -1)):.3g}): dropout must be off "
-            "after module.eval(). nn.Dropout switches itself off; torch.nn.functional.dropout "
-            "needs training=self.training."
-        )
+    module = _build(cls, DROPOUT_P, False, device, what)
+    weights = set_weights(module, QKV, device, seed=2024)
+    x = probe_input(1, 6, _D_IN, seed=11, device=device)
+    reference = _causal_attention(x, weights)[0]  # (num_tokens, d_out)
+    # the first token attends only to itself: its context vector is its value
+    check_dropout(module, _runner(module), x, reference, reference[:1], what,
+                  after_projection=False)
 
 
 @checker
@@ -550,28 +403,23 @@ def check_causal_attention(cls, *, device=None) -> bool:
     """
     device = probe_device(device)
     require_class(cls, "your causal attention class")
-    what = cls.__name__
+    what = answer_name(cls, "cls")
     for qkv_bias in (False, True):
         module = _build(cls, 0.0, qkv_bias, device, what).eval()
-        weights = _set_weights(module, device)
+        weights = set_weights(module, QKV, device, seed=2024)
+        forward = _runner(module)
         for index, num_tokens in enumerate(_NUM_TOKENS):
-            x = _probe_input(_BATCH, num_tokens, seed=100 + index, device=device)
+            x = probe_input(_BATCH, num_tokens, _D_IN, seed=100 + index, device=device)
             call = f"{what}(...)(x) with x of shape {tuple(x.shape)}"
-            out = _forward_or_name_unsliced_mask(module, x, call, device)
-            reference = _causal_attention(x, weights)
-            if is_close(out, reference):
-                continue
-            message = name_wrong_answer(out, _wrong_causal_attention(x, weights))
-            if message is not None:
-                raise CheckFailed(f"{call}: {message}")
-            _name_nan_output(out, call)
-            _check_no_future_leak(module, x, call)
-            raise CheckFailed(
-                f"{call} differs from the reference causal attention by up to "
-                f"{max_difference(out, reference):.3g}. Check the order: project, scores "
-                "queries @ keys^T, -inf above the diagonal, scale by 1/sqrt(d_out), softmax over "
-                "dim=-1, dropout, weights @ values."
-            )
-        _check_no_future_leak(module, _probe_input(2, _CONTEXT_LENGTH, 7, device), what)
-    _check_dropout(cls, device, what)
+            out = forward_or_name_unsliced_mask(forward, x, call, _CONTEXT_LENGTH)
+            judge_module_output(
+                out, _causal_attention(x, weights),
+                functools.partial(_wrong_causal_attention, x, weights), forward, x, call,
+                leak_advice=_LEAK_ADVICE, reference_name="causal attention",
+                steps="Check the order: project, scores queries @ keys^T, -inf above the "
+                      "diagonal, scale by 1/sqrt(d_out), softmax over dim=-1, dropout, "
+                      "weights @ values.")
+        x = probe_input(2, _CONTEXT_LENGTH, _D_IN, seed=7, device=device)
+        check_no_future_leak(forward, x, what, _LEAK_ADVICE)
+    _check_causal_dropout(cls, device, what)
     return passed(f"{what} computes causal attention: outputs, causality and dropout are right.")

@@ -18,14 +18,16 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from .._validation import type_name
 from ..attention import SelfAttention_v1, SelfAttention_v2
 from ._common import (
     CheckFailed,
+    answer_name,
     call_answer,
     checker,
     is_close,
+    judge,
     max_difference,
-    name_wrong_answer,
     passed,
     probe_device,
     require_callable,
@@ -39,23 +41,25 @@ _DTYPE = torch.float64
 _NAMES = ("W_query", "W_key", "W_value")
 
 
-def _name(answer: object, default: str) -> str:
-    name = getattr(answer, "__name__", "")
-    return name if name.isidentifier() else default
-
-
 def _seeded_reference(d_in: int, d_out: int, qkv_bias: bool, seed: int,
-                      device: torch.device) -> SelfAttention_v2:
+                      device: torch.device, std: float = 0.6) -> SelfAttention_v2:
     """attnlib's SelfAttention_v2 in float64, its weights drawn from ``seed``
-    with standard deviation 0.6: scaled scores of about unit size, so that the
-    weights are neither uniform nor one-hot and a wrong scale or softmax
-    dimension changes them visibly."""
+    with standard deviation ``std``. The default 0.6 gives scaled scores of
+    about unit size, so that the weights are neither uniform nor one-hot and a
+    wrong scale or softmax dimension changes them visibly; 30 gives scores in
+    the thousands, where ``exp`` overflows without the softmax's max shift."""
     reference = SelfAttention_v2(d_in, d_out, qkv_bias=qkv_bias).to(dtype=_DTYPE)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for param in reference.parameters():
-            param.copy_(0.6 * torch.randn(param.shape, generator=gen, dtype=_DTYPE))
+            param.copy_(std * torch.randn(param.shape, generator=gen, dtype=_DTYPE))
     return reference.to(device)
+
+
+def _naive_softmax(scores: torch.Tensor) -> torch.Tensor:
+    """``exp(s) / exp(s).sum(-1)``: the softmax without the max shift (nan on overflow)."""
+    exp_scores = torch.exp(scores)
+    return exp_scores / exp_scores.sum(dim=-1, keepdim=True)
 
 
 def _wrong_context_vecs(reference: SelfAttention_v2, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -103,6 +107,10 @@ def _wrong_context_vecs(reference: SelfAttention_v2, x: torch.Tensor) -> dict[st
         "average of the values. Turn the scores into weights with "
         "torch.softmax(..., dim=-1)":
             (scores / math.sqrt(d_k)) @ values,
+        "overflows: its softmax is the naive exp(s) / exp(s).sum(), and exp of a score "
+        "above about 709 is inf even in float64, so inf / inf = nan. Subtract each row's "
+        "maximum before exp (the stable softmax of Chapter 1), or use torch.softmax":
+            _naive_softmax(scores / math.sqrt(d_k)) @ values,
     }
     if d_in == reference.d_out:
         untransposed = [x @ layer.weight for layer in
@@ -121,13 +129,13 @@ def _wrong_context_vecs(reference: SelfAttention_v2, x: torch.Tensor) -> dict[st
 def _build(cls: type, d_in: int, d_out: int, qkv_bias: bool, what: str) -> nn.Module:
     module = call_answer(cls, d_in, d_out, qkv_bias=qkv_bias, what=what)
     if not isinstance(module, nn.Module):
-        raise CheckFailed(f"{what} did not build an nn.Module (got {type(module).__name__})")
+        raise CheckFailed(f"{what} did not build an nn.Module (got {type_name(module)})")
     for layer_name in _NAMES:
         layer = getattr(module, layer_name, None)
         if not isinstance(layer, nn.Linear):
             raise CheckFailed(
                 f"{what} has no nn.Linear attribute {layer_name} (found "
-                f"{type(layer).__name__}). Create it in __init__: "
+                f"{type_name(layer)}). Create it in __init__: "
                 f"self.{layer_name} = nn.Linear(d_in, d_out, bias=qkv_bias)."
             )
         if tuple(layer.weight.shape) != (d_out, d_in):
@@ -157,9 +165,51 @@ def _works_on_other_ndim(module: nn.Module, reference: nn.Module, x: torch.Tenso
     other = x[0] if x.ndim == 3 else torch.stack((x, x.flip(0)))
     try:
         out = module(other)
-    except Exception:  # noqa: BLE001 - only asking whether it works
+    except Exception:  # only asking whether it works
         return False
     return isinstance(out, torch.Tensor) and is_close(out.cpu(), reference(other).cpu())
+
+
+def _copy_weights(reference: SelfAttention_v2, module: nn.Module, what: str,
+                  device: torch.device) -> None:
+    """Move the learner's module to float64 on ``device`` and give it the reference's
+    weights (and biases)."""
+    try:
+        module.to(device=device, dtype=_DTYPE)
+    except Exception as exc:  # reported to the learner
+        raise CheckFailed(f"{what}.to({device}, torch.float64) raised {exc!r}") from exc
+    with torch.no_grad():
+        for layer_name in _NAMES:
+            mine, ref = getattr(module, layer_name), getattr(reference, layer_name)
+            mine.weight.copy_(ref.weight)
+            if ref.bias is not None:
+                mine.bias.copy_(ref.bias)
+
+
+def _forward(module: nn.Module, reference: SelfAttention_v2, x: torch.Tensor, what: str,
+             probe: str) -> Any:
+    """``module(x)`` without autograd; an error that works away on another number
+    of dimensions, or that a weight used untransposed raises, is explained."""
+    with torch.no_grad():
+        try:
+            return call_answer(module, x, what=f"{what}.forward(x)")
+        except CheckFailed as failure:
+            if _works_on_other_ndim(module, reference, x):
+                where, fix = (
+                    ("on one sequence but not on a batch", "Does your code use keys.T? On a "
+                     "3-d tensor .T reverses every dimension; keys.transpose(-2, -1) swaps "
+                     "the last two only.") if x.ndim == 3 else
+                    ("on a batch but not on one sequence", "Index from the end (dim=-1, "
+                     "transpose(-2, -1)), so that the code works for any number of leading "
+                     "dimensions."))
+                raise CheckFailed(f"{failure}. It works {where}, {probe}. {fix}") from None
+            if "shapes cannot be multiplied" in str(failure) or "size mismatch" in str(
+                    failure):
+                raise CheckFailed(
+                    f"{failure}, on {probe}. nn.Linear stores its weight as (d_out, d_in); "
+                    "call the layer, self.W_query(x), rather than x @ self.W_query.weight."
+                ) from None
+            raise
 
 
 @checker
@@ -175,7 +225,9 @@ def check_self_attention_v2(cls: type, *, device: torch.device | str | None = No
     outputs (tolerances ``atol=1e-6``, ``rtol=1e-5``) on four probes: ``(d_in,
     d_out) = (4, 4)`` (square, where ``x @ W.weight`` runs) on one sequence
     ``(3, 4)`` and a batch ``(2, 3, 4)``; ``(5, 3)`` on a batch ``(2, 4, 5)``
-    and one sequence ``(4, 5)``; and ``(5, 3)`` with ``qkv_bias=True``.
+    and one sequence ``(4, 5)``; ``(5, 3)`` with ``qkv_bias=True``; and
+    ``(5, 3)`` on a batch with weights 50 times larger, whose scores in the
+    thousands overflow a softmax without the max shift.
 
     Recognised mistakes: scores not scaled, scaled by ``sqrt(d_in)``, by
     ``sqrt(num_tokens)`` or by ``d_k``, multiplied by ``sqrt(d_k)``; the
@@ -186,7 +238,8 @@ def check_self_attention_v2(cls: type, *, device: torch.device | str | None = No
     queries and keys swapped (the transposed score matrix); ``x @ W.weight``
     instead of ``W(x)`` (the weight used untransposed); ``qkv_bias`` not passed
     on to ``nn.Linear``; ``nn.Linear(d_out, d_in)``; no ``forward``; code that
-    works on one sequence but not a batch (``keys.T``) or the other way round.
+    works on one sequence but not a batch (``keys.T``) or the other way round;
+    a softmax written without the max shift (nan on large scores).
 
     Args:
         cls: the learner's class (not an instance), a subclass of ``nn.Module``.
@@ -208,68 +261,34 @@ def check_self_attention_v2(cls: type, *, device: torch.device | str | None = No
     """
     require_class(cls, "a self-attention class MySelfAttention(d_in, d_out, qkv_bias=False)")
     device = probe_device(device)
-    name = _name(cls, "cls")
+    name = answer_name(cls, "cls")
     gen = torch.Generator().manual_seed(404)
     # The square probe comes first: there x @ W.weight runs and can be named; with
-    # d_in != d_out it would only crash.
-    probes = [(4, 4, False, (3, 4)), (4, 4, False, (2, 3, 4)), (5, 3, False, (2, 4, 5)),
-              (5, 3, False, (4, 5)), (5, 3, True, (2, 4, 5))]
-    for seed, (d_in, d_out, qkv_bias, shape) in enumerate(probes):
+    # d_in != d_out it would only crash. The last probe's weights are 50 times larger:
+    # scores in the thousands, where a softmax without the max shift overflows.
+    probes = [(4, 4, False, (3, 4), 0.6), (4, 4, False, (2, 3, 4), 0.6),
+              (5, 3, False, (2, 4, 5), 0.6), (5, 3, False, (4, 5), 0.6),
+              (5, 3, True, (2, 4, 5), 0.6), (5, 3, False, (2, 4, 5), 30.0)]
+    for seed, (d_in, d_out, qkv_bias, shape, std) in enumerate(probes):
         what = f"{name}(d_in={d_in}, d_out={d_out}, qkv_bias={qkv_bias})"
         module = _build(cls, d_in, d_out, qkv_bias, what)
-        reference = _seeded_reference(d_in, d_out, qkv_bias, seed, device)
-        try:
-            module.to(device=device, dtype=_DTYPE)
-        except Exception as exc:  # noqa: BLE001 - reported to the learner
-            raise CheckFailed(f"{what}.to({device}, torch.float64) raised {exc!r}") from exc
-        with torch.no_grad():
-            for layer_name in _NAMES:
-                mine, ref = getattr(module, layer_name), getattr(reference, layer_name)
-                mine.weight.copy_(ref.weight)
-                if qkv_bias:
-                    mine.bias.copy_(ref.bias)
+        reference = _seeded_reference(d_in, d_out, qkv_bias, seed, device, std)
+        _copy_weights(reference, module, what, device)
         x = torch.randn(shape, generator=gen, dtype=_DTYPE).to(device)
-        probe = f"x of shape {shape} and {what} (with the reference's weights)"
+        probe = f"x of shape {shape} and {what} (with the reference's weights" + (
+            ", about 50 times larger than the others: scores in the thousands)"
+            if std > 1 else ")")
+        out = _forward(module, reference, x, what, probe)
         with torch.no_grad():
-            try:
-                out = call_answer(module, x, what=f"{what}.forward(x)")
-            except CheckFailed as failure:
-                if len(shape) == 3 and _works_on_other_ndim(module, reference, x):
-                    raise CheckFailed(
-                        f"{failure}. It works on one sequence but not on a batch, {probe}. "
-                        "Does your code use keys.T? On a 3-d tensor .T reverses every "
-                        "dimension; keys.transpose(-2, -1) swaps the last two only."
-                    ) from None
-                if len(shape) == 2 and _works_on_other_ndim(module, reference, x):
-                    raise CheckFailed(
-                        f"{failure}. It works on a batch but not on one sequence, {probe}. "
-                        "Index from the end (dim=-1, transpose(-2, -1)), so that the code "
-                        "works for any number of leading dimensions."
-                    ) from None
-                if "shapes cannot be multiplied" in str(failure) or "size mismatch" in str(
-                        failure):
-                    raise CheckFailed(
-                        f"{failure}, on {probe}. nn.Linear stores its weight as (d_out, d_in); "
-                        "call the layer, self.W_query(x), rather than x @ self.W_query.weight."
-                    ) from None
-                raise
             expected = reference(x)
             wrong = _wrong_context_vecs(reference, x)
         out = require_tensor(out, f"{what}.forward(x) on {probe}", tuple(expected.shape),
                              dtype=_DTYPE, device=device)
-        out, expected = out.cpu(), expected.cpu()
         wrong = {message: tensor.cpu() for message, tensor in wrong.items()}
-        if is_close(out, expected):
-            continue
-        mistake = name_wrong_answer(out, wrong)
-        if mistake is not None:
-            raise CheckFailed(f"{what} {mistake} (seen on {probe}).")
-        raise CheckFailed(
-            f"{what}.forward(x) differs from attnlib.SelfAttention_v2 with the same weights by "
-            f"up to {max_difference(out, expected):.3g} on {probe}, and it matches none of the "
-            "typical mistakes this check knows. Compare queries, keys, attn_scores and "
-            "attn_weights with the chapter's, one step at a time."
-        )
+        judge(out.cpu(), expected.cpu(), wrong, what, probe,
+              reference="attnlib.SelfAttention_v2 with the same weights",
+              advice="Compare queries, keys, attn_scores and attn_weights with the "
+                     "chapter's, one step at a time.")
     return passed(f"{name} computes what attnlib.SelfAttention_v2 computes, with and without "
                   "a bias, on one sequence and on a batch.")
 
@@ -288,6 +307,117 @@ def _transfer_probe(d_in: int, d_out: int, seed: int,
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def _call_transfer(fn: Callable[..., Any], sa_v1: SelfAttention_v1, sa_v2: SelfAttention_v2,
+                   what: str, probe: str) -> None:
+    """``fn(sa_v1, sa_v2)``; an error that a typical mistake raises is explained."""
+    d_in, d_out = sa_v1.W_query.shape
+    try:
+        call_answer(fn, sa_v1, sa_v2, what=what)
+    except CheckFailed as failure:
+        text = str(failure)
+        if "leaf Variable that requires grad" in text:
+            raise CheckFailed(
+                f"{text}. Writing into a parameter must not be recorded by autograd: put "
+                "the copies inside `with torch.no_grad():`."
+            ) from None
+        if d_in != d_out and ("must match the size" in text or "size mismatch" in text
+                              or "shape" in text):
+            raise CheckFailed(
+                f"{text}, on {probe}. The shapes differ: sa_v1.W_query is (d_in, d_out), "
+                "sa_v2.W_query.weight is (d_out, d_in). Copy the transpose, "
+                "sa_v2.W_query.weight.T."
+            ) from None
+        raise
+
+
+def _require_v2_unchanged(sa_v2: SelfAttention_v2, v1_before: dict[str, torch.Tensor],
+                          v2_before: dict[str, torch.Tensor], what: str, probe: str) -> None:
+    """sa_v2's weights must be as before the call: a copy the other way is named."""
+    for n in _NAMES:
+        weight = getattr(sa_v2, n).weight.detach()
+        if torch.equal(weight, v2_before[n]):
+            continue
+        if is_close(weight, v1_before[n].T):
+            raise CheckFailed(
+                f"{what} copied in the wrong direction: sa_v2.{n}.weight now holds "
+                f"sa_v1's old {n} (seen on {probe}). Copy from sa_v2 into sa_v1: "
+                f"sa_v1.{n}.copy_(sa_v2.{n}.weight.T)."
+            )
+        raise CheckFailed(f"{what} changed sa_v2.{n}.weight; only sa_v1 should change "
+                          f"(seen on {probe}).")
+
+
+def _require_own_parameter(sa_v1: SelfAttention_v1, sa_v2: SelfAttention_v2, n: str,
+                           original: nn.Parameter, what: str, probe: str) -> None:
+    """sa_v1's matrix ``n`` must still be its own trainable parameter, ``original``,
+    of shape ``(d_in, d_out)``, sharing no memory with sa_v2."""
+    param, v2_weight = getattr(sa_v1, n), getattr(sa_v2, n).weight
+    d_out, d_in = v2_weight.shape
+    if not isinstance(param, nn.Parameter) or n not in dict(sa_v1.named_parameters()):
+        raise CheckFailed(
+            f"{what} replaced sa_v1.{n} by a {type_name(param)}, not a registered "
+            f"nn.Parameter (seen on {probe}). Copy into the existing parameter: "
+            f"sa_v1.{n}.copy_(...) under torch.no_grad()."
+        )
+    if tuple(param.shape) != (d_in, d_out):
+        untransposed = tuple(param.shape) == (d_out, d_in)
+        raise CheckFailed(
+            f"{what} left sa_v1.{n} with shape {tuple(param.shape)}, expected "
+            f"(d_in, d_out) = {(d_in, d_out)} (seen on {probe})."
+            + (f" The transpose is missing: use sa_v2.{n}.weight.T." if untransposed else "")
+        )
+    if _same_storage(param, v2_weight):
+        raise CheckFailed(
+            f"{what} made sa_v1.{n} share memory with sa_v2.{n}.weight (seen on "
+            f"{probe}), so training one module would change the other. Copy the "
+            f"values into sa_v1's own parameter: sa_v1.{n}.copy_(sa_v2.{n}.weight.T)."
+        )
+    if param is not original:
+        raise CheckFailed(
+            f"{what} replaced sa_v1.{n} by a new nn.Parameter instead of copying into "
+            f"the existing one (seen on {probe}). The exercise asks for a copy in place: "
+            "an optimiser built on sa_v1.parameters() before the call would keep "
+            f"updating the old tensor. Use sa_v1.{n}.copy_(sa_v2.{n}.weight.T) under "
+            "torch.no_grad()."
+        )
+    if not param.requires_grad:
+        raise CheckFailed(
+            f"{what} left sa_v1.{n} with requires_grad=False (seen on {probe}): it "
+            "would no longer train. Copy under torch.no_grad() instead of detaching."
+        )
+
+
+def _judge_copies(sa_v1: SelfAttention_v1, v1_before: dict[str, torch.Tensor],
+                  v2_before: dict[str, torch.Tensor], what: str, probe: str) -> None:
+    """Each of sa_v1's matrices must hold sa_v2's namesake, transposed; name what it holds."""
+    expected = {n: v2_before[n].T for n in _NAMES}
+    for n in _NAMES:
+        got = getattr(sa_v1, n).detach()
+        if is_close(got, expected[n]):
+            continue
+        if is_close(got, v1_before[n]):
+            raise CheckFailed(f"{what} did not change sa_v1.{n} (seen on {probe}). Copy "
+                              f"into it in place: sa_v1.{n}.copy_(sa_v2.{n}.weight.T).")
+        if got.shape == v2_before[n].shape and is_close(got, v2_before[n]):
+            raise CheckFailed(
+                f"{what} forgot the transpose: sa_v1.{n} equals sa_v2.{n}.weight, but "
+                "nn.Linear stores (d_out, d_in) and SelfAttention_v1 uses (d_in, d_out). "
+                f"With a square matrix the copy runs and is silently wrong (seen on "
+                f"{probe}). Use sa_v2.{n}.weight.T (reshape and view keep the numbers in "
+                "their order; they do not transpose)."
+            )
+        for other in _NAMES:
+            if other != n and is_close(got, expected[other]):
+                raise CheckFailed(
+                    f"{what} mixed up the matrices: sa_v1.{n} holds sa_v2.{other}.weight.T "
+                    f"(seen on {probe}). Copy each matrix into its namesake."
+                )
+        raise CheckFailed(
+            f"{what} left sa_v1.{n} different from sa_v2.{n}.weight.T by up to "
+            f"{max_difference(got, expected[n]):.3g} (seen on {probe})."
+        )
 
 
 @checker
@@ -328,7 +458,7 @@ def check_weight_transfer(fn: Callable[..., Any], *,
     """
     require_callable(fn, "a function fn(sa_v1, sa_v2)")
     device = probe_device(device)
-    name = _name(fn, "fn")
+    name = answer_name(fn, "fn")
     what = f"{name}(sa_v1, sa_v2)"
     gen = torch.Generator().manual_seed(77)
     for seed, (d_in, d_out) in enumerate(((4, 4), (5, 3))):
@@ -337,94 +467,11 @@ def check_weight_transfer(fn: Callable[..., Any], *,
         v1_before = {n: getattr(sa_v1, n).detach().clone() for n in _NAMES}
         v1_params = {n: getattr(sa_v1, n) for n in _NAMES}
         v2_before = {n: getattr(sa_v2, n).weight.detach().clone() for n in _NAMES}
-        try:
-            call_answer(fn, sa_v1, sa_v2, what=what)
-        except CheckFailed as failure:
-            text = str(failure)
-            if "leaf Variable that requires grad" in text:
-                raise CheckFailed(
-                    f"{text}. Writing into a parameter must not be recorded by autograd: put "
-                    "the copies inside `with torch.no_grad():`."
-                ) from None
-            if d_in != d_out and ("must match the size" in text or "size mismatch" in text
-                                  or "shape" in text):
-                raise CheckFailed(
-                    f"{text}, on {probe}. The shapes differ: sa_v1.W_query is (d_in, d_out), "
-                    "sa_v2.W_query.weight is (d_out, d_in). Copy the transpose, "
-                    "sa_v2.W_query.weight.T."
-                ) from None
-            raise
+        _call_transfer(fn, sa_v1, sa_v2, what, probe)
+        _require_v2_unchanged(sa_v2, v1_before, v2_before, what, probe)
         for n in _NAMES:
-            if not torch.equal(getattr(sa_v2, n).weight.detach(), v2_before[n]):
-                if is_close(getattr(sa_v2, n).weight.detach(), v1_before[n].T):
-                    raise CheckFailed(
-                        f"{what} copied in the wrong direction: sa_v2.{n}.weight now holds "
-                        f"sa_v1's old {n} (seen on {probe}). Copy from sa_v2 into sa_v1: "
-                        f"sa_v1.{n}.copy_(sa_v2.{n}.weight.T)."
-                    )
-                raise CheckFailed(f"{what} changed sa_v2.{n}.weight; only sa_v1 should change "
-                                  f"(seen on {probe}).")
-        for n in _NAMES:
-            param = getattr(sa_v1, n)
-            if not isinstance(param, nn.Parameter) or n not in dict(sa_v1.named_parameters()):
-                raise CheckFailed(
-                    f"{what} replaced sa_v1.{n} by a {type(param).__name__}, not a registered "
-                    f"nn.Parameter (seen on {probe}). Copy into the existing parameter: "
-                    f"sa_v1.{n}.copy_(...) under torch.no_grad()."
-                )
-            if tuple(param.shape) != (d_in, d_out):
-                untransposed = tuple(param.shape) == (d_out, d_in)
-                raise CheckFailed(
-                    f"{what} left sa_v1.{n} with shape {tuple(param.shape)}, expected "
-                    f"(d_in, d_out) = {(d_in, d_out)} (seen on {probe})."
-                    + (" The transpose is missing: use sa_v2.{0}.weight.T.".format(n)
-                       if untransposed else "")
-                )
-            if param is not v1_params[n] and not _same_storage(param, getattr(sa_v2, n).weight):
-                raise CheckFailed(
-                    f"{what} replaced sa_v1.{n} by a new nn.Parameter instead of copying into "
-                    f"the existing one (seen on {probe}). The exercise asks for a copy in place: "
-                    "an optimiser built on sa_v1.parameters() before the call would keep "
-                    f"updating the old tensor. Use sa_v1.{n}.copy_(sa_v2.{n}.weight.T) under "
-                    "torch.no_grad()."
-                )
-            if _same_storage(param, getattr(sa_v2, n).weight):
-                raise CheckFailed(
-                    f"{what} made sa_v1.{n} share memory with sa_v2.{n}.weight (seen on "
-                    f"{probe}), so training one module would change the other. Copy the "
-                    f"values into sa_v1's own parameter: sa_v1.{n}.copy_(sa_v2.{n}.weight.T)."
-                )
-            if not param.requires_grad:
-                raise CheckFailed(
-                    f"{what} left sa_v1.{n} with requires_grad=False (seen on {probe}): it "
-                    "would no longer train. Copy under torch.no_grad() instead of detaching."
-                )
-        expected = {n: v2_before[n].T for n in _NAMES}
-        for n in _NAMES:
-            got = getattr(sa_v1, n).detach()
-            if is_close(got, expected[n]):
-                continue
-            if is_close(got, v1_before[n]):
-                raise CheckFailed(f"{what} did not change sa_v1.{n} (seen on {probe}). Copy "
-                                  f"into it in place: sa_v1.{n}.copy_(sa_v2.{n}.weight.T).")
-            if d_in == d_out and is_close(got, v2_before[n]):
-                raise CheckFailed(
-                    f"{what} forgot the transpose: sa_v1.{n} equals sa_v2.{n}.weight, but "
-                    "nn.Linear stores (d_out, d_in) and SelfAttention_v1 uses (d_in, d_out). "
-                    f"With a square matrix the copy runs and is silently wrong (seen on "
-                    f"{probe}). Use sa_v2.{n}.weight.T (reshape and view keep the numbers in "
-                    "their order; they do not transpose)."
-                )
-            for other in _NAMES:
-                if other != n and is_close(got, expected[other]):
-                    raise CheckFailed(
-                        f"{what} mixed up the matrices: sa_v1.{n} holds sa_v2.{other}.weight.T "
-                        f"(seen on {probe}). Copy each matrix into its namesake."
-                    )
-            raise CheckFailed(
-                f"{what} left sa_v1.{n} different from sa_v2.{n}.weight.T by up to "
-                f"{max_difference(got, expected[n]):.3g} (seen on {probe})."
-            )
+            _require_own_parameter(sa_v1, sa_v2, n, v1_params[n], what, probe)
+        _judge_copies(sa_v1, v1_before, v2_before, what, probe)
         x = torch.randn(2, 3, d_in, generator=gen, dtype=_DTYPE).to(device)
         with torch.no_grad():
             if not is_close(sa_v1(x).cpu(), sa_v2(x).cpu()):

@@ -13,13 +13,28 @@ batch > 1), and name the typical wrong answers by computing each one.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn as nn
 
+from ._attention_modules import (
+    DROPOUT_P,
+    QKV,
+    Forward,
+    build_module,
+    check_dropout,
+    check_no_future_leak,
+    forward_or_name_unsliced_mask,
+    judge_module_output,
+    probe_input,
+    run_module,
+    set_weights,
+)
 from ._common import (
     CheckFailed,
+    answer_name,
     call_answer,
     checker,
     is_close,
@@ -30,9 +45,8 @@ from ._common import (
     require_callable,
     require_class,
     require_tensor,
-    name_nan_output as _name_nan_output,
-    linear_from_weights as _linear,
 )
+from ._common import linear_from_weights as _linear
 
 __all__ = ["check_merge_heads", "check_multi_head_attention"]
 
@@ -89,7 +103,9 @@ def check_merge_heads(fn, *, device=None) -> bool:
     the input must not change.
 
     Recognised wrong answers: merged without the transpose (``reshape`` or
-    ``view`` straight to ``(b, num_tokens, d_out)``), heads in the wrong order,
+    ``view`` straight to ``(b, num_tokens, d_out)``, or to ``(b, num_heads,
+    num_tokens * head_dim)`` as d2l's ``transpose_output`` without its
+    ``permute``), heads in the wrong order,
     features interleaved across heads, ``view`` on a non-contiguous tensor,
     sizes not read from ``context_vec.shape``, a wrong shape or dtype, an input
     changed in place.
@@ -137,6 +153,16 @@ def check_merge_heads(fn, *, device=None) -> bool:
             if not torch.equal(context_vec, original):
                 raise CheckFailed(f"{what} changed its input in place; return a new tensor")
             expected_shape = (b, num_tokens, num_heads * head_dim)
+            if (isinstance(out, torch.Tensor)
+                    and tuple(out.shape) == (b, num_heads, num_tokens * head_dim)):
+                raise CheckFailed(
+                    f"{what} returned shape {tuple(out.shape)} = (b, num_heads, num_tokens * "
+                    "head_dim): the heads are still in front of the tokens. A reshape keeps "
+                    "the entries in their order, so reshaping (b, num_heads, num_tokens, "
+                    "head_dim) to (b, num_heads, -1) lays each head's tokens side by side. "
+                    "The heads must first move behind the tokens: d2l's transpose_output "
+                    "does X.permute(0, 2, 1, 3) before its last reshape. " + _MERGE_HINT
+                )
             if isinstance(out, torch.Tensor) and tuple(out.shape) != expected_shape:
                 raise CheckFailed(
                     f"{what} returned shape {tuple(out.shape)}; expected {expected_shape} = "
@@ -170,63 +196,22 @@ _CONFIGS = (
 #: scale read from the wrong dimension cannot pass by accident.
 _CONTEXT_LENGTH, _BATCH = 8, 4
 _NUM_TOKENS = (7, 3, 1, 8)
-#: Dropout probability of the dropout probe: 1/p = 5 and 1/(1-p) = 1.25 differ.
-_P = 0.2
-_DROPOUT_COPIES = 4000
-_ROLES = ("W_query", "W_key", "W_value", "out_proj")
+_ROLES = (*QKV, "out_proj")
+_LEAK_ADVICE = ("Each head must hide the future: -inf above the diagonal of its scores, before "
+                "the softmax.")
 
 
-def _build(cls, config: dict, dropout: float, qkv_bias: bool, device: torch.device, what: str):
+def _build(cls, config: dict, dropout: float, qkv_bias: bool, device: torch.device,
+           what: str) -> nn.Module:
     d_in, d_out, num_heads = config["d_in"], config["d_out"], config["num_heads"]
     call = (f"{what}(d_in={d_in}, d_out={d_out}, context_length={_CONTEXT_LENGTH}, "
             f"dropout={dropout}, num_heads={num_heads}, qkv_bias={qkv_bias})")
-    module = call_answer(cls, d_in, d_out, _CONTEXT_LENGTH, dropout, num_heads,
-                         qkv_bias=qkv_bias, what=call)
-    if not isinstance(module, nn.Module):
-        raise CheckFailed(f"{call} did not build an nn.Module")
-    for name in _ROLES:
-        shape = (d_out, d_out) if name == "out_proj" else (d_out, d_in)
-        layer = getattr(module, name, None)
-        weight = getattr(layer, "weight", None)
-        if not isinstance(weight, torch.Tensor):
-            size = "d_out, d_out" if name == "out_proj" else "d_in, d_out"
-            raise CheckFailed(
-                f"{call} has no {name} with a .weight: create self.{name} = nn.Linear({size}) "
-                "(one projection for all heads together)"
-            )
-        if tuple(weight.shape) != shape:
-            raise CheckFailed(
-                f"{call}: {name}.weight has shape {tuple(weight.shape)}, expected {shape} "
-                f"(nn.Linear stores (out_features, in_features); d_out={d_out} is the size of "
-                "ALL heads together)"
-            )
-        if name != "out_proj" and (getattr(layer, "bias", None) is not None) != qkv_bias:
-            raise CheckFailed(f"{call}: {name} must have a bias exactly when qkv_bias=True")
-    for name, value in vars(module).items():
-        if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
-            raise CheckFailed(
-                f"self.{name} is a plain tensor attribute: module.to(device) does not move it. "
-                f"Register it: self.register_buffer({name!r}, ...)."
-            )
-    return module.to(device=device, dtype=torch.float64)
-
-
-def _set_weights(module: nn.Module, device: torch.device, seed: int) -> dict[str, torch.Tensor]:
-    """Seeded weights with scores of order 1 to 3 (differences in scale show)."""
-    generator = torch.Generator().manual_seed(seed)
-    weights = {}
-    with torch.no_grad():
-        for name in _ROLES:
-            layer = getattr(module, name)
-            w = torch.randn(tuple(layer.weight.shape), generator=generator, dtype=torch.float64)
-            layer.weight.copy_(w.to(device))
-            weights[name] = layer.weight.detach().clone()
-            if layer.bias is not None:
-                b = 0.5 * torch.randn(tuple(layer.bias.shape), generator=generator,
-                                      dtype=torch.float64)
-                layer.bias.copy_(b.to(device))
-                weights[name + ".bias"] = layer.bias.detach().clone()
-    return weights
+    layers = {name: ((d_out, d_in), "nn.Linear(d_in, d_out, bias=qkv_bias)") for name in QKV}
+    layers["out_proj"] = ((d_out, d_out), "nn.Linear(d_out, d_out)")
+    note = (f" (one projection for all heads together: d_out={d_out} is the size of ALL "
+            "heads side by side)")
+    return build_module(cls, (d_in, d_out, _CONTEXT_LENGTH, dropout, num_heads),
+                        {"qkv_bias": qkv_bias}, call, layers, device, note)
 
 
 def _multi_head_attention(
@@ -325,173 +310,49 @@ def _wrong_multi_head_attention(
     }
 
 
-def _probe_input(batch: int, num_tokens: int, d_in: int, seed: int,
-                 device: torch.device) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(batch, num_tokens, d_in, generator=generator, dtype=torch.float64)
-    return x.to(device)
-
-
-def _forward(module: nn.Module, x: torch.Tensor, d_out: int, what: str) -> torch.Tensor:
-    try:
-        with torch.no_grad():
-            out = call_answer(module, x, what=what)
-    except CheckFailed as failure:
-        text = str(failure)
-        if "view" in text and ("stride" in text or "contiguous" in text):
-            raise CheckFailed(
-                f"{text}\nAfter transpose(1, 2) the context vectors are not contiguous, so view "
-                "cannot merge the heads: use .contiguous().view(...) or .reshape(...)."
-            ) from None
-        if "invalid for input of size" in text:
-            raise CheckFailed(
-                f"{text}\nThe sizes of a view/reshape do not multiply out to the tensor's size: "
+def _explain_view(message: str) -> str | None:
+    """A hint for the errors that a view of the heads typically raises, or None."""
+    if "view" in message and ("stride" in message or "contiguous" in message):
+        return ("After transpose(1, 2) the context vectors are not contiguous, so view "
+                "cannot merge the heads: use .contiguous().view(...) or .reshape(...).")
+    if "invalid for input of size" in message:
+        return ("The sizes of a view/reshape do not multiply out to the tensor's size: "
                 "head_dim is d_out // num_heads (not d_in // num_heads), and b and num_tokens "
-                "come from x.shape."
-            ) from None
-        raise
-    return require_tensor(out, what, (x.shape[0], x.shape[1], d_out), device=x.device)
-
-
-def _forward_or_name_unsliced_mask(
-    module: nn.Module, x: torch.Tensor, d_out: int, what: str, device: torch.device
-) -> torch.Tensor:
-    """``module(x)``; if it fails only below ``context_length`` tokens, say why."""
-    try:
-        return _forward(module, x, d_out, what)
-    except CheckFailed as failure:
-        if x.shape[1] == _CONTEXT_LENGTH:
-            raise
-        full = _probe_input(x.shape[0], _CONTEXT_LENGTH, x.shape[2], 0, device)
-        try:
-            _forward(module, full, d_out, what)
-        except CheckFailed:
-            raise failure from None
-        raise CheckFailed(
-            f"{failure}\nYour module works with num_tokens = context_length = {_CONTEXT_LENGTH} "
-            f"but not with {x.shape[1]} tokens: the mask is (context_length, context_length). "
-            "Cut it to the input's length: self.mask[:num_tokens, :num_tokens]."
-        ) from None
-
-
-def _check_no_future_leak(module: nn.Module, x: torch.Tensor, d_out: int, what: str) -> None:
-    base = _forward(module, x, d_out, what)
-    for t in range(1, x.shape[1]):
-        changed = x.clone()
-        changed[:, t] += 1.5
-        moved = (_forward(module, changed, d_out, what)[:, :t] - base[:, :t]).abs().amax().item()
-        if not moved <= 1e-12:
-            raise CheckFailed(
-                f"a future token leaks: changing the input at position {t} changed the outputs "
-                f"at positions before {t} by up to {moved:.3g}. Each head must hide the future: "
-                "-inf above the diagonal of its scores, before the softmax."
-            )
-
-
-def _dropout_site_problem(
-    first_token: torch.Tensor, x: torch.Tensor, weights: dict[str, torch.Tensor], num_heads: int
-) -> str | None:
-    """What is wrong with the dropout, seen in the first token's outputs; None if nothing.
-
-    The first token attends only to itself, with weight 1 in every head, so
-    dropout on the attention weights makes each head's part of its merged
-    context vector either 0 (dropped, with probability p) or ``c * value_h``
-    (kept and scaled by ``c``). ``out_proj`` (its bias zeroed) is undone with
-    its inverse. Dropout on the values, the context vectors or the output
-    zeroes features one by one instead; dropout on the scores never zeroes a
-    head's part; ``nn.Dropout(1 - p)`` zeroes it with probability 1 - p.
-
-    Args:
-        first_token: ``(draws, d_out)`` the module's outputs for the first token.
-        x: ``(1, num_tokens, d_in)`` the probe; ``weights``: the module's weights.
-    """
-    merged = torch.linalg.solve(weights["out_proj"], first_token.T).T  # (draws, d_out)
-    value = _linear(x, weights, "W_value")[0, 0]  # (d_out,): the first token's value
-    head_dim = value.shape[0] // num_heads
-    coefficients, worst = [], 0.0
-    for h in range(num_heads):
-        block = slice(h * head_dim, (h + 1) * head_dim)
-        part, value_h = merged[:, block], value[block]  # (draws, head_dim), (head_dim,)
-        c = part @ value_h / (value_h @ value_h)  # (draws,)
-        residual = (part - c[:, None] * value_h).norm(dim=-1).amax() / value_h.norm()
-        coefficients.append(c)
-        worst = max(worst, float(residual))
-    if worst > 1e-6:
-        return (
-            "the first token's output is not what dropout on the attention weights gives. "
-            "That token attends only to itself, with weight 1 in every head, so dropping "
-            "attention weights either zeroes a head's whole part of its context vector or "
-            "scales the whole of it by 1/(1-p); in your module features are zeroed one by one. "
-            "Apply the dropout to attn_weights right after the softmax, not to the values, "
-            "the context vectors or the output."
-        )
-    dropped = float((torch.cat(coefficients).abs() < 1e-9).double().mean())
-    if dropped == 0.0:
-        return (
-            "no head's part of the first token's context vector is ever zeroed, so its one "
-            "attention weight (1, on itself) is never dropped. Dropout on the scores, before "
-            "the softmax, does not cut a link: a dropped score becomes 0 and the softmax still "
-            "gives it weight. Apply the dropout to attn_weights, after the softmax."
-        )
-    if abs(dropped - (1 - _P)) < 0.05:
-        return (
-            f"your module drops {dropped:.0%} of the attention weights instead of "
-            f"p = {_P:.0%}: nn.Dropout(p) and torch.nn.functional.dropout take the "
-            "probability of DROPPING a weight, not of keeping it. Pass dropout, not 1 - dropout."
-        )
-    if abs(dropped - _P) > 0.05:
-        return (
-            f"your module drops {dropped:.0%} of the attention weights instead of "
-            f"p = {_P:.0%}: each weight must be dropped with probability p."
-        )
+                "come from x.shape.")
     return None
 
 
-def _check_dropout(cls, device: torch.device, what: str) -> None:
+def _runner(module: nn.Module, d_out: int) -> Forward:
+    return functools.partial(run_module, module, d_out=d_out, explain=_explain_view)
+
+
+def _head_parts(x: torch.Tensor, weights: dict[str, torch.Tensor],
+                num_heads: int) -> torch.Tensor:
+    """``(num_heads, d_out)``: each head's share of the first token's output, without
+    dropout and with out_proj's bias left out. The first token attends only to itself,
+    so head h's context vector is its part of the first token's value."""
+    value = _linear(x, weights, "W_value")[0, 0]  # (d_out,)
+    head_dim = value.shape[0] // num_heads
+    parts = []
+    for h in range(num_heads):
+        block = slice(h * head_dim, (h + 1) * head_dim)
+        parts.append(weights["out_proj"][:, block] @ value[block])  # (d_out,)
+    return torch.stack(parts)
+
+
+def _check_multi_head_dropout(cls, device: torch.device, what: str) -> None:
     config = _CONFIGS[0]
     d_out, num_heads = config["d_out"], config["num_heads"]
-    module = _build(cls, config, _P, False, device, what)
-    weights = _set_weights(module, device, seed=77)
+    module = _build(cls, config, DROPOUT_P, False, device, what)
+    weights = set_weights(module, _ROLES, device, seed=77)
     with torch.no_grad():
         if module.out_proj.bias is not None:
             module.out_proj.bias.zero_()  # the output is then linear in the weights
     weights.pop("out_proj.bias", None)
-    x = _probe_input(1, 6, config["d_in"], seed=13, device=device)
-    reference = _multi_head_attention(x, weights, num_heads)[0]
-    copies = x.expand(_DROPOUT_COPIES, -1, -1).contiguous()
-    torch.manual_seed(0)  # inside the checker's fork of the RNG
-    module.train()
-    out = _forward(module, copies, d_out, f"{what}(..., dropout={_P}) in training mode")
-    if is_close(out, reference.expand_as(out)):
-        raise CheckFailed(
-            f"with dropout={_P}, training mode gives the dropout-free output: the attention "
-            "weights are never dropped. Apply dropout to attn_weights (nn.Dropout, or dropout_p "
-            "of scaled_dot_product_attention when self.training)."
-        )
-    problem = _dropout_site_problem(out[:, 0, :], x, weights, num_heads)
-    if problem is not None:
-        raise CheckFailed(f"with dropout={_P}, {problem}")
-    factor = float((out.mean(dim=0) * reference).sum() / (reference * reference).sum())
-    if abs(factor - 1.0) > 0.1:
-        if abs(factor - (1 - _P) / _P) < 0.4:
-            problem = (f"the kept weights are scaled by 1/p = {1 / _P:g} instead of "
-                       f"1/(1-p) = {1 / (1 - _P):g}")
-        elif abs(factor - (1 - _P)) < 0.05:
-            problem = "the kept weights are not scaled by 1/(1-p)"
-        else:
-            problem = "the dropout does not keep the expected value of the weights"
-        raise CheckFailed(
-            f"with dropout={_P}, the mean output over {_DROPOUT_COPIES} draws is {factor:.2f} "
-            f"times the dropout-free output instead of 1: {problem}. Inverted dropout keeps each "
-            "weight with probability 1-p and scales it by 1/(1-p); nn.Dropout(p) does this."
-        )
-    module.eval()
-    evaluated = _forward(module, copies[:2], d_out, f"{what}(..., dropout={_P}) in eval mode")
-    if not is_close(evaluated, reference.expand(2, -1, -1)):
-        raise CheckFailed(
-            f"with dropout={_P}, eval mode does not give the dropout-free output: dropout must be "
-            "off after module.eval() (pass dropout_p=0.0 when not self.training)."
-        )
+    x = probe_input(1, 6, config["d_in"], seed=13, device=device)
+    reference = _multi_head_attention(x, weights, num_heads)[0]  # (num_tokens, d_out)
+    check_dropout(module, _runner(module, d_out), x, reference,
+                  _head_parts(x, weights, num_heads), what, after_projection=True)
 
 
 @checker
@@ -507,7 +368,8 @@ def check_multi_head_attention(cls, *, device=None) -> bool:
     the ``num_heads`` heads of ``head_dim = d_out // num_heads`` features
     attends causally with scale ``1/sqrt(head_dim)``, the heads are put back
     side by side (head 0 first) and mixed by ``out_proj``; dropout on the
-    weights in training mode only.
+    weights in training mode only. A second dropout after ``out_proj``, as
+    GPT-2's and nanoGPT's ``resid_dropout``, is accepted on top of it.
 
     Probes (float64, seeded weights with scores of order 1 to 3):
     ``(d_in, d_out, num_heads)`` = (5, 6, 2) and (4, 6, 3), ``context_length=8``,
@@ -525,10 +387,12 @@ def check_multi_head_attention(cls, *, device=None) -> bool:
     the wrong order, heads split without the transpose, ``out_proj`` not
     applied, ``view`` on the non-contiguous transpose, sizes that do not
     multiply out in a ``view``, a plain-attribute mask, ``qkv_bias`` ignored,
-    no dropout in training mode, dropout on the values, context vectors or
-    output instead of the weights, dropout on the scores before the softmax,
-    ``nn.Dropout(1 - p)``, dropout scaled by ``1/p`` or not scaled, dropout
-    active in eval mode. An output with nan is reported with its positions.
+    no dropout in training mode, dropout on the values or context vectors
+    instead of the weights, a dropout after ``out_proj`` only, dropout on the
+    scores before the softmax, ``nn.Dropout(1 - p)``, dropout scaled by
+    ``1/p`` or not scaled, dropout active in eval mode; the dropout mistakes
+    are named with or without a dropout after ``out_proj``. An output with nan
+    is reported with its positions.
 
     Args:
         cls: the learner's class (not an instance).
@@ -549,35 +413,29 @@ def check_multi_head_attention(cls, *, device=None) -> bool:
     """
     device = probe_device(device)
     require_class(cls, "your multi-head attention class")
-    what = cls.__name__
+    what = answer_name(cls, "cls")
     for config_index, config in enumerate(_CONFIGS):
         d_in, d_out, num_heads = config["d_in"], config["d_out"], config["num_heads"]
         for qkv_bias in (False, True):
             module = _build(cls, config, 0.0, qkv_bias, device, what).eval()
-            weights = _set_weights(module, device, seed=31 + config_index)
+            weights = set_weights(module, _ROLES, device, seed=31 + config_index)
+            forward = _runner(module, d_out)
             for index, num_tokens in enumerate(_NUM_TOKENS):
-                x = _probe_input(_BATCH, num_tokens, d_in, seed=200 + index, device=device)
+                x = probe_input(_BATCH, num_tokens, d_in, seed=200 + index, device=device)
                 call = (f"{what}(d_in={d_in}, d_out={d_out}, num_heads={num_heads}, "
                         f"qkv_bias={qkv_bias}) on x of shape {tuple(x.shape)}")
-                out = _forward_or_name_unsliced_mask(module, x, d_out, call, device)
-                reference = _multi_head_attention(x, weights, num_heads)
-                if is_close(out, reference):
-                    continue
-                wrong = _wrong_multi_head_attention(x, weights, num_heads)
-                message = name_wrong_answer(out, wrong)
-                if message is not None:
-                    raise CheckFailed(f"{call}: {message}")
-                _name_nan_output(out, call)
-                _check_no_future_leak(module, x, d_out, call)
-                raise CheckFailed(
-                    f"{call} differs from the reference multi-head attention by up to "
-                    f"{max_difference(out, reference):.3g}. Check each step's shape: project, "
-                    "view(b, num_tokens, num_heads, head_dim).transpose(1, 2), causal scores / "
-                    "sqrt(head_dim), softmax(dim=-1), weights @ values, transpose(1, 2) and "
-                    "reshape to (b, num_tokens, d_out), out_proj."
-                )
-            x = _probe_input(2, _CONTEXT_LENGTH, d_in, seed=9, device=device)
-            _check_no_future_leak(module, x, d_out, what)
-    _check_dropout(cls, device, what)
+                out = forward_or_name_unsliced_mask(forward, x, call, _CONTEXT_LENGTH)
+                judge_module_output(
+                    out, _multi_head_attention(x, weights, num_heads),
+                    functools.partial(_wrong_multi_head_attention, x, weights, num_heads),
+                    forward, x, call, leak_advice=_LEAK_ADVICE,
+                    reference_name="multi-head attention",
+                    steps="Check each step's shape: project, view(b, num_tokens, num_heads, "
+                          "head_dim).transpose(1, 2), causal scores / sqrt(head_dim), "
+                          "softmax(dim=-1), weights @ values, transpose(1, 2) and reshape to "
+                          "(b, num_tokens, d_out), out_proj.")
+            x = probe_input(2, _CONTEXT_LENGTH, d_in, seed=9, device=device)
+            check_no_future_leak(forward, x, what, _LEAK_ADVICE)
+    _check_multi_head_dropout(cls, device, what)
     return passed(f"{what} computes causal multi-head attention: outputs, causality and "
                   "dropout are right.")

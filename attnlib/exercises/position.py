@@ -15,6 +15,7 @@ import torch
 from ..positional import sinusoidal_encoding
 from ._common import (
     CheckFailed,
+    answer_name,
     call_answer,
     checker,
     is_close,
@@ -139,8 +140,7 @@ def check_sinusoidal_encoding(fn: Callable[..., Any], *,
     """
     require_callable(fn, "a function fn(num_positions, d_model)")
     device = probe_device(device)
-    name = getattr(fn, "__name__", "fn")
-    name = name if name.isidentifier() else "fn"
+    name = answer_name(fn, "fn")
     for num_positions, d_model in ((7, 6), (50, 16)):
         what = f"{name}(num_positions={num_positions}, d_model={d_model})"
         with torch.device(device):

@@ -17,15 +17,17 @@ import torch
 
 from ._common import (
     CheckFailed,
+    answer_name,
     call_answer,
     checker,
     is_close,
-    max_difference,
-    name_wrong_answer,
+    judge,
     passed,
     probe_device,
     require_callable,
     require_tensor,
+    require_unchanged,
+    seeded_randn,
 )
 
 __all__ = ["check_scaled_scores", "check_query_jacobian"]
@@ -42,27 +44,6 @@ _BATCH_HINT = (
 )
 
 
-def _randn(generator: torch.Generator, *shape: int, device: torch.device,
-           scale: float = 1.0) -> torch.Tensor:
-    """Seeded standard-normal probe, drawn on the CPU so every device sees the same."""
-    return (torch.randn(*shape, generator=generator, dtype=_DTYPE) * scale).to(device)
-
-
-def _name(fn: Callable[..., Any], default: str) -> str:
-    name = getattr(fn, "__name__", "")
-    return name if name.isidentifier() else default
-
-
-def _require_unchanged(saved: list[torch.Tensor], now: list[torch.Tensor],
-                       names: list[str], what: str) -> None:
-    for before, after, arg in zip(saved, now, names, strict=True):
-        if not torch.equal(before, after):
-            raise CheckFailed(
-                f"{what} changed its argument {arg} in place (an in-place operation such "
-                f"as `{arg} /= ...`). Compute a new tensor instead: `scaled = {arg} / ...`."
-            )
-
-
 def _call_batched(fn: Callable[..., Any], args: tuple[Any, ...], what: str,
                   passed_unbatched: bool) -> Any:
     """Call ``fn`` on a batched probe; if it raises after the unbatched probe
@@ -73,21 +54,6 @@ def _call_batched(fn: Callable[..., Any], args: tuple[Any, ...], what: str,
         if passed_unbatched and "NotImplementedError" not in str(failure):
             raise CheckFailed(f"{str(failure).rstrip('.')}. {_BATCH_HINT}") from None
         raise
-
-
-def _judge(out: torch.Tensor, expected: torch.Tensor, wrong_answers: dict[str, torch.Tensor],
-           what: str, probe: str) -> None:
-    """Raise CheckFailed naming the mistake unless ``out`` matches ``expected``."""
-    if is_close(out, expected):
-        return
-    mistake = name_wrong_answer(out, wrong_answers)
-    if mistake is not None:
-        raise CheckFailed(f"{what} {mistake} (seen on {probe}).")
-    raise CheckFailed(
-        f"{what} differs from the right answer by up to {max_difference(out, expected):.3g} "
-        f"on {probe}, and it matches none of the typical mistakes this check knows. Compare "
-        "your result with the reference on a small input, one step at a time."
-    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -173,22 +139,22 @@ def check_scaled_scores(fn: Callable[..., torch.Tensor], *,
     """
     require_callable(fn, "a function fn(query, key) that returns the scaled scores")
     device = probe_device(device)
-    name = _name(fn, "your function")
+    name = answer_name(fn, "your function")
     what = f"{name}(query, key)"
     gen = torch.Generator().manual_seed(1706)
     probes = [
-        (_randn(gen, _NUM_QUERIES, _D_K, device=device),
-         _randn(gen, _NUM_KEYS, _D_K, device=device),
+        (seeded_randn(gen, _NUM_QUERIES, _D_K, device=device),
+         seeded_randn(gen, _NUM_KEYS, _D_K, device=device),
          "query (3, 5) and key (4, 5): 3 queries, 4 keys, d_k = 5"),
-        (_randn(gen, _BATCH, _NUM_QUERIES, _D_K, device=device),
-         _randn(gen, _BATCH, _NUM_KEYS, _D_K, device=device),
+        (seeded_randn(gen, _BATCH, _NUM_QUERIES, _D_K, device=device),
+         seeded_randn(gen, _BATCH, _NUM_KEYS, _D_K, device=device),
          "a batch: query (2, 3, 5) and key (2, 4, 5)"),
     ]
     passed_unbatched = False
     for query, key, probe in probes:
         saved = [query.clone(), key.clone()]
         out = _call_batched(fn, (query, key), what, passed_unbatched)
-        _require_unchanged(saved, [query, key], ["query", "key"], what)
+        require_unchanged(what, saved, [query, key], ["query", "key"])
         expected = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])
         if (isinstance(out, torch.Tensor) and out.shape == expected.transpose(-2, -1).shape
                 and is_close(out, expected.transpose(-2, -1))):
@@ -204,7 +170,7 @@ def check_scaled_scores(fn: Callable[..., torch.Tensor], *,
                 f"(seen on {probe}). {_BATCH_HINT}"
             )
         require_tensor(out, what, tuple(expected.shape), dtype=_DTYPE, device=device)
-        _judge(out, expected, _scaled_scores_wrong_answers(query, key), what, probe)
+        judge(out, expected, _scaled_scores_wrong_answers(query, key), what, probe)
         passed_unbatched = True
     return passed(
         f"{name} returns query @ key^T / sqrt(d_k), for one sequence and for a batch."
@@ -311,24 +277,24 @@ def check_query_jacobian(fn: Callable[..., torch.Tensor], *,
     """
     require_callable(fn, "a function fn(query, key, scale) that returns d w / d query")
     device = probe_device(device)
-    name = _name(fn, "your function")
+    name = answer_name(fn, "your function")
     what = f"{name}(query, key, scale)"
     gen = torch.Generator().manual_seed(4)
     probes = [
-        (_randn(gen, _D_K, device=device), _randn(gen, _NUM_KEYS, _D_K, device=device),
+        (seeded_randn(gen, _D_K, device=device), seeded_randn(gen, _NUM_KEYS, _D_K, device=device),
          1 / math.sqrt(_D_K), "query (5,), key (4, 5), scale = 1/sqrt(5)"),
-        (_randn(gen, _BATCH, _D_K, device=device),
-         _randn(gen, _BATCH, _NUM_KEYS, _D_K, device=device),
+        (seeded_randn(gen, _BATCH, _D_K, device=device),
+         seeded_randn(gen, _BATCH, _NUM_KEYS, _D_K, device=device),
          0.3, "a batch: query (2, 5), key (2, 4, 5), scale = 0.3"),
-        (_randn(gen, _D_K, device=device, scale=2.0),
-         _randn(gen, _NUM_KEYS, _D_K, device=device, scale=2.0),
+        (seeded_randn(gen, _D_K, device=device, scale=2.0),
+         seeded_randn(gen, _NUM_KEYS, _D_K, device=device, scale=2.0),
          1.0, "query (5,), key (4, 5) with scores of size about 10 and scale = 1"),
     ]
     passed_unbatched = False
     for query, key, scale, probe in probes:
         saved = [query.clone(), key.clone()]
         out = _call_batched(fn, (query, key, scale), what, passed_unbatched)
-        _require_unchanged(saved, [query, key], ["query", "key"], what)
+        require_unchanged(what, saved, [query, key], ["query", "key"])
         w = torch.softmax((key @ query.unsqueeze(-1)).squeeze(-1) * scale, dim=-1)
         expected = _softmax_jacobian(w) @ key * scale  # (..., num_keys, d_k)
         if (isinstance(out, torch.Tensor) and out.shape == expected.transpose(-2, -1).shape
@@ -345,7 +311,7 @@ def check_query_jacobian(fn: Callable[..., torch.Tensor], *,
                 f"(seen on {probe}). {_BATCH_HINT}"
             )
         require_tensor(out, what, tuple(expected.shape), dtype=_DTYPE, device=device)
-        _judge(out, expected, _query_jacobian_wrong_answers(query, key, scale), what, probe)
+        judge(out, expected, _query_jacobian_wrong_answers(query, key, scale), what, probe)
         if query.ndim == 1:
             passed_unbatched = True
     return passed(
