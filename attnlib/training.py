@@ -8,6 +8,12 @@ unseen data. Along the way it records the loss and accuracy of every step and,
 at the steps asked for, snapshots of every layer's attention weights on a fixed
 probe batch.
 
+What the chapter measures on the heads: :func:`previous_token_score` and
+:func:`prefix_matching_score` the two halves of the induction circuit, and
+:func:`copying_score` the copying that, with prefix matching, defines an
+induction head. (:func:`attnlib.experiments.learning_phases` measures the
+accuracy curves.)
+
 Shape legend: ``batch`` sequences of ``num_tokens`` token ids; ``vocab_size``
 logits per position; ``num_heads`` heads per layer.
 """
@@ -24,10 +30,13 @@ import torch.nn.functional as F
 
 from ._validation import check_bool, check_int, check_positive_int, type_name
 from .data import IGNORE_INDEX
+from .models import TinyTransformer
+from .multihead import MultiHeadAttention
 
 __all__ = [
     "TrainingHistory",
     "accuracy",
+    "copying_score",
     "prefix_matching_score",
     "previous_token_score",
     "train",
@@ -81,6 +90,39 @@ def _check_weights(attn_weights: object) -> None:
             "attn_weights must be (batch, num_heads, num_tokens, num_tokens), "
             f"got shape {tuple(attn_weights.shape)}"
         )
+
+
+def _check_inputs_like(inputs: object, batch: int, num_tokens: int, against: str) -> None:
+    if not isinstance(inputs, torch.Tensor) or inputs.dtype != torch.long:
+        raise TypeError(f"inputs must be an int64 torch.Tensor, got {type_name(inputs)}")
+    if tuple(inputs.shape) != (batch, num_tokens):
+        raise ValueError(
+            f"inputs must be (batch, num_tokens) = {(batch, num_tokens)} to match "
+            f"{against}, got {tuple(inputs.shape)}"
+        )
+
+
+def _repeated_queries(inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The targets and the counted queries of :func:`prefix_matching_score`.
+
+    Returns ``(after, counted)``: bool ``(batch, num_tokens, num_tokens)``,
+    ``after[b, t, j]`` true when ``j = s + 1`` for an ``s < t`` holding the
+    token of ``t``; and bool ``(batch, num_tokens)``, true where a query has
+    such a ``j``.
+
+    Raises:
+        ValueError: no token of ``inputs`` occurs twice in a sequence.
+    """
+    num_tokens = inputs.shape[1]
+    same = inputs[:, :, None] == inputs[:, None, :]  # (batch, t, s): token s equals token t
+    earlier = torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=inputs.device).tril(-1)
+    match = same & earlier  # (batch, t, s): s < t holds the current token
+    after = torch.zeros_like(match)
+    after[:, :, 1:] = match[:, :, :-1]  # (batch, t, j): j = s + 1 for such an s
+    counted = after.any(dim=-1)  # (batch, t)
+    if not counted.any():
+        raise ValueError("no token of inputs occurs twice, so no query has an earlier match")
+    return after, counted
 
 
 def previous_token_score(attn_weights: torch.Tensor) -> torch.Tensor:
@@ -149,27 +191,121 @@ def prefix_matching_score(attn_weights: torch.Tensor, inputs: torch.Tensor) -> t
     tokens.
     """
     _check_weights(attn_weights)
-    if not isinstance(inputs, torch.Tensor) or inputs.dtype != torch.long:
-        raise TypeError(f"inputs must be an int64 torch.Tensor, got {type_name(inputs)}")
     batch, _, num_tokens, _ = attn_weights.shape
-    if tuple(inputs.shape) != (batch, num_tokens):
-        raise ValueError(
-            f"inputs must be (batch, num_tokens) = {(batch, num_tokens)} to match "
-            f"attn_weights {tuple(attn_weights.shape)}, got {tuple(inputs.shape)}"
-        )
-    same = inputs[:, :, None] == inputs[:, None, :]  # (batch, t, s): token s equals token t
-    earlier = torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=inputs.device).tril(-1)
-    match = same & earlier  # (batch, t, s): s < t holds the current token
-    after = torch.zeros_like(match)
-    after[:, :, 1:] = match[:, :, :-1]  # (batch, t, j): j = s + 1 for such an s
-    counted = after.any(dim=-1)  # (batch, t)
+    _check_inputs_like(inputs, batch, num_tokens, f"attn_weights {tuple(attn_weights.shape)}")
+    after, counted = _repeated_queries(inputs)  # (batch, t, j), (batch, t)
     num_counted = int(counted.sum())
-    if num_counted == 0:
-        raise ValueError("no token of inputs occurs twice, so no query has an earlier match")
     on_target = (attn_weights * after[:, None].to(attn_weights.dtype)).sum(dim=-1)
     # on_target: (batch, num_heads, num_tokens)
     counted_weights = on_target * counted[:, None].to(attn_weights.dtype)
     return counted_weights.sum(dim=(0, 2)) / num_counted  # (num_heads,)
+
+
+@torch.no_grad()
+def _head_outputs(
+    model: TinyTransformer, inputs: torch.Tensor, layer: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What each head of block ``layer`` adds to the residual stream, and its weights.
+
+    Returns ``(head_out, attn_weights)``: ``(batch, num_heads, num_tokens,
+    d_model)``, head ``h``'s context vectors times its columns of ``out_proj``
+    (summed over the heads and plus ``out_proj``'s bias, the block's attention
+    output); and ``(batch, num_heads, num_tokens, num_tokens)``.
+    """
+    x = model._add_positions(model.tok_emb(inputs), 0)  # (batch, num_tokens, d_model)
+    for block in model.blocks[:layer]:
+        x = block(x)
+    block = model.blocks[layer]
+    attn = block.attn
+    normed = block.norm_1(x)  # (batch, num_tokens, d_model)
+    _, attn_weights = attn(normed, return_weights=True)  # (b, num_heads, num_tokens, num_tokens)
+    b, num_tokens, _ = normed.shape
+    values = attn.W_value(normed).view(b, num_tokens, attn.num_heads, attn.head_dim)
+    values = values.transpose(1, 2)  # (b, num_heads, num_tokens, head_dim)
+    context_vec = attn_weights @ values  # (b, num_heads, num_tokens, head_dim)
+    w_out = attn.out_proj.weight.view(-1, attn.num_heads, attn.head_dim)
+    # w_out: (d_model, num_heads, head_dim), head h's columns of W^O
+    head_out = torch.einsum("bhtd,mhd->bhtm", context_vec, w_out)
+    # head_out: (b, num_heads, num_tokens, d_model)
+    return head_out, attn_weights
+
+
+def copying_score(model: TinyTransformer, inputs: torch.Tensor, layer: int) -> torch.Tensor:
+    """How often each head's output raises most the logit of the token it attends to.
+
+    For every query ``(b, t)`` that :func:`prefix_matching_score` counts (its
+    token occurred before), take the key ``j`` that head ``h`` of block
+    ``layer`` attends to most and the head's *direct* effect on the logits:
+    its output ``o`` (its context vector times its columns of ``W^O``) sent
+    through the final LayerNorm and the unembedding, ``W_U (gamma * (o -
+    mean(o))) / sigma``. The score is the fraction of those queries at which
+    the token ``inputs[b, j]`` gets the largest of these logits: 1 for a head
+    that copies what it attends to, about ``1 / vocab_size`` for a head
+    whose output is unrelated to it, 0 for one that suppresses it.
+
+    The direct effect leaves out LayerNorm's shift ``beta`` and what later
+    blocks do with the head's output. ``sigma``, the final LayerNorm's scale
+    at that position, is the same for every token of the vocabulary, so it
+    does not change which token is largest and the score does not need it.
+    In an attention-only model the last block's heads reach the logits only
+    by this path.
+
+    Args:
+        model: an :class:`attnlib.models.TinyTransformer` with learned or
+            sinusoidal positions (its blocks use
+            :class:`attnlib.MultiHeadAttention`). Run in ``eval()`` mode and
+            left in the mode it was in.
+        inputs: token ids, int64 ``(batch, num_tokens)``, in which some token
+            occurs twice in a sequence.
+        layer: the block whose heads are scored, ``0 .. num_layers - 1``.
+
+    Returns:
+        ``(num_heads,)`` float32, each in ``[0, 1]``.
+
+    Raises:
+        TypeError: ``model`` is not a ``TinyTransformer``, ``inputs`` is not
+            an int64 tensor, or ``layer`` is not an int.
+        ValueError: ``layer`` is out of range, the model uses RoPE, ``inputs``
+            is not accepted by the model's ``forward``, or no token of
+            ``inputs`` occurs twice.
+
+    Source: Olsson et al. (2022), "In-context Learning and Induction Heads",
+    "Key Concepts": an induction head does prefix matching and *copying*
+    ("the head's output increases the logit corresponding to the attended-to
+    token"); the direct path from a head to the logits of Elhage et al.
+    (2021), "A Mathematical Framework for Transformer Circuits". Olsson et al.
+    summarise copying by the eigenvalues of the head's OV circuit; this score
+    measures it on the head's actual outputs instead.
+    """
+    if not isinstance(model, TinyTransformer):
+        raise TypeError(f"model must be an attnlib.models.TinyTransformer, got {type_name(model)}")
+    layer = check_int("layer", layer)
+    if not 0 <= layer < model.num_layers:
+        raise ValueError(
+            f"layer must lie in 0 .. num_layers - 1 = {model.num_layers - 1}, got layer={layer}"
+        )
+    if not isinstance(model.blocks[layer].attn, MultiHeadAttention):
+        raise ValueError(
+            f"copying_score needs blocks of attnlib.MultiHeadAttention; this model uses "
+            f"positional={model.positional!r}"
+        )
+    model._check_idx(inputs)
+    _, counted = _repeated_queries(inputs)  # (batch, num_tokens)
+    was_training = model.training
+    model.eval()
+    try:
+        head_out, attn_weights = _head_outputs(model, inputs, layer)
+        centred = head_out - head_out.mean(dim=-1, keepdim=True)  # (b, heads, tokens, d_model)
+        direct = (centred * model.final_norm.weight) @ model.out_head.weight.T
+        # direct: (b, num_heads, num_tokens, vocab_size), up to the positive 1 / sigma
+    finally:
+        model.train(was_training)
+    attended = attn_weights.argmax(dim=-1)  # (b, num_heads, num_tokens): the key j
+    attended_token = torch.gather(
+        inputs[:, None, :].expand_as(attended), 2, attended
+    )  # (b, num_heads, num_tokens): inputs[b, j]
+    copies = (direct.argmax(dim=-1) == attended_token) & counted[:, None]
+    return copies.sum(dim=(0, 2)).float() / counted.sum()  # (num_heads,)
 
 
 @dataclass

@@ -1,5 +1,7 @@
 """Tests for attnlib.training: the seeded training loop, accuracy and the head scores."""
 
+import copy
+
 import pytest
 import torch
 
@@ -8,7 +10,9 @@ from attnlib.data import IGNORE_INDEX
 from attnlib.models import TinyTransformer
 from attnlib.training import (
     TrainingHistory,
+    _head_outputs,
     accuracy,
+    copying_score,
     prefix_matching_score,
     previous_token_score,
     train,
@@ -236,6 +240,157 @@ def test_induction_heads_form_in_a_two_layer_model():
     assert float(previous_token_score(after[0]).max()) > 0.4
     assert float(prefix_matching_score(after[1], probe).max()) > 0.8
     assert sum(history.accuracies[-20:]) / 20 > 0.9
+    # and the layer-1 heads copy what they attend to (measured when written: 0.98 and
+    # 0.99 after training, 0.02 and 0.03 before; chance is 1/32)
+    assert float(copying_score(model, probe, 1).min()) > 0.8
+    torch.manual_seed(0)
+    untrained = TinyTransformer(32, 24, 32, 2, 2)
+    assert float(copying_score(untrained, probe, 1).max()) < 0.2
+
+
+# ---------------------------------------------------------------- copying
+
+
+def copying_model(out_proj_weight, vocab_size=8):
+    """One layer, one head, d_model = vocab_size, built by hand: one-hot token
+    embeddings, no positions, queries and keys that match equal tokens (so each
+    query attends to the earliest copy of its own token), values and unembedding
+    the identity, and ``out_proj`` as given."""
+    model = TinyTransformer(vocab_size, 8, vocab_size, 1, 1)
+    eye = torch.eye(vocab_size)
+    attn = model.blocks[0].attn
+    with torch.no_grad():
+        model.tok_emb.weight.copy_(eye)
+        model.pos_emb.embedding.weight.zero_()
+        attn.W_query.weight.copy_(10 * eye)
+        attn.W_key.weight.copy_(10 * eye)
+        attn.W_value.weight.copy_(eye)
+        attn.out_proj.weight.copy_(out_proj_weight)
+        attn.out_proj.bias.zero_()
+        model.out_head.weight.copy_(eye)
+    return model
+
+
+REPEATS = torch.tensor([[1, 2, 3, 1, 2, 3, 4, 5], [6, 7, 6, 7, 6, 0, 1, 0]])
+
+
+def test_copying_score_by_hand():
+    """A head that writes the attended token's own direction copies it (score 1);
+    one that writes minus it, or the next token id's direction, never does (0)."""
+    eye = torch.eye(8)
+    assert copying_score(copying_model(eye), REPEATS, 0).tolist() == [1.0]
+    assert copying_score(copying_model(-eye), REPEATS, 0).tolist() == [0.0]
+    shifted = eye.roll(1, dims=0)  # token v's direction goes to v + 1
+    assert copying_score(copying_model(shifted), REPEATS, 0).tolist() == [0.0]
+
+
+def test_copying_score_ignores_the_final_layernorm_scale_but_not_its_sign():
+    model = copying_model(torch.eye(8))
+    with torch.no_grad():
+        model.final_norm.weight.mul_(3.0)
+    assert copying_score(model, REPEATS, 0).tolist() == [1.0]
+    with torch.no_grad():
+        model.final_norm.weight.mul_(-1.0)
+    assert copying_score(model, REPEATS, 0).tolist() == [0.0]
+
+
+def reference_copying_score(model, inputs):
+    """copying_score of a one-layer model, computed another way: each head's output
+    is the change in the final LayerNorm's input when the head's columns of
+    out_proj are set to zero; the queries that count are found by a loop."""
+    captured = []
+    hook = model.final_norm.register_forward_pre_hook(lambda m, args: captured.append(args[0]))
+    model.eval()
+    with torch.no_grad():
+        _, (weights,) = model(inputs, return_weights=True)
+        attn = model.blocks[0].attn
+        scores = []
+        for h in range(attn.num_heads):
+            ablated = copy.deepcopy(model)
+            cols = slice(h * attn.head_dim, (h + 1) * attn.head_dim)
+            ablated.blocks[0].attn.out_proj.weight[:, cols] = 0.0
+            ablated.final_norm.register_forward_pre_hook(
+                lambda m, args: captured.append(args[0]))
+            captured.clear()
+            model(inputs)
+            ablated(inputs)
+            head_out = captured[0] - captured[1]  # (batch, num_tokens, d_model)
+            centred = head_out - head_out.mean(dim=-1, keepdim=True)
+            direct = model.out_head(centred * model.final_norm.weight)
+            hits, counted = 0, 0
+            for b in range(inputs.shape[0]):
+                for t in range(inputs.shape[1]):
+                    if any(inputs[b, s] == inputs[b, t] for s in range(t)):
+                        counted += 1
+                        attended = inputs[b, weights[b, h, t].argmax()]
+                        hits += int(direct[b, t].argmax() == attended)
+            scores.append(hits / counted)
+    hook.remove()
+    return scores
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_copying_score_agrees_with_a_reference_by_ablation(seed):
+    """A random model, its weights scaled up so that the heads' outputs vary, on
+    sequences where some queries repeat an earlier token and some do not: the
+    score is a mean over the repeated queries only, those prefix_matching_score
+    counts."""
+    torch.manual_seed(seed)
+    model = TinyTransformer(6, 12, 12, 3, 1)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.mul_(3.0)
+    inputs = torch.randint(0, 6, (5, 12), generator=torch.Generator().manual_seed(seed))
+    expected = reference_copying_score(model, inputs)
+    got = copying_score(model, inputs, 0).tolist()
+    assert got == pytest.approx(expected, abs=1e-6)
+    assert len(set(expected)) > 1 or 0 < expected[0] < 1  # the test can tell heads apart
+
+
+def test_head_outputs_add_up_to_the_attention_output():
+    torch.manual_seed(3)
+    model = TinyTransformer(16, 12, 16, 4, 2).eval()
+    inputs = torch.randint(0, 16, (3, 12))
+    for layer in range(2):
+        head_out, weights = _head_outputs(model, inputs, layer)
+        assert head_out.shape == (3, 4, 12, 16) and weights.shape == (3, 4, 12, 12)
+        x = model._add_positions(model.tok_emb(inputs), 0)
+        for block in model.blocks[:layer]:
+            x = block(x)
+        block = model.blocks[layer]
+        with torch.no_grad():
+            expected = block.attn(block.norm_1(x))
+        torch.testing.assert_close(head_out.sum(dim=1) + block.attn.out_proj.bias, expected)
+
+
+def test_copying_score_leaves_the_model_in_its_mode_and_unchanged():
+    torch.manual_seed(0)
+    model = TinyTransformer(8, 8, 8, 2, 1)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    model.train()
+    scores = copying_score(model, REPEATS, 0)
+    assert model.training
+    assert scores.shape == (2,) and scores.dtype == torch.float32
+    assert bool(((scores >= 0) & (scores <= 1)).all())
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize(
+    ("model", "inputs", "layer", "error", "match"),
+    [
+        (torch.nn.Linear(2, 2), REPEATS, 0, TypeError, "TinyTransformer"),
+        (TinyTransformer(8, 8, 8, 1, 1), REPEATS, 1, ValueError, r"layer must lie in 0 \.\. "),
+        (TinyTransformer(8, 8, 8, 1, 1), REPEATS, "0", TypeError, "layer must be an int"),
+        (TinyTransformer(8, 8, 8, 2, 1, positional="rope"), REPEATS, 0, ValueError,
+         "MultiHeadAttention"),
+        (TinyTransformer(8, 8, 8, 1, 1), REPEATS.float(), 0, TypeError, "int64"),
+        (TinyTransformer(8, 8, 8, 1, 1), REPEATS + 8, 0, ValueError, "vocab_size"),
+        (TinyTransformer(8, 8, 8, 1, 1), torch.arange(8)[None], 0, ValueError, "occurs twice"),
+    ],
+)
+def test_copying_score_errors(model, inputs, layer, error, match):
+    with pytest.raises(error, match=match):
+        copying_score(model, inputs, layer)
 
 
 @pytest.mark.parametrize(

@@ -29,8 +29,15 @@ learns: :func:`train_marked_token` trains ``SelfAttention_v1``'s forward from
 each start in :data:`INITIALISATIONS`, several seeds at once, on
 :func:`marked_token_batch`'s task, and returns a :class:`MarkedTokenTraining`.
 
+Chapter 10's measurement of a training curve: :func:`learning_phases` splits
+the accuracies that :func:`attnlib.training.train` records into a *plateau*
+(steps until the running mean passes a low accuracy) and a *rise* (steps from
+there to a high one), built on :func:`steps_to_accuracy`, and returns a
+:class:`LearningPhases`.
+
 The code lives by concept in private modules (``_scaling`` for chapter 3,
-``_initialisation`` for chapter 4, ``_common`` for what they share); every
+``_initialisation`` for chapter 4, ``_phase_change`` for chapter 10,
+``_common`` for what they share); every
 public name is re-exported here, so use ``from attnlib import experiments`` and
 ``experiments.<name>``. The public constants are defined here, before those
 modules are imported, so that they are documented in one place.
@@ -56,6 +63,11 @@ from ._initialisation import (  # noqa: E402
     marked_token_batch,
     train_marked_token,
 )
+from ._phase_change import (  # noqa: E402
+    LearningPhases,
+    learning_phases,
+    steps_to_accuracy,
+)
 from ._scaling import (  # noqa: E402
     DotProductVariance,
     QueryGradientNorm,
@@ -79,4 +91,7 @@ __all__ = [
     "MarkedTokenTraining",
     "marked_token_batch",
     "train_marked_token",
+    "LearningPhases",
+    "learning_phases",
+    "steps_to_accuracy",
 ]
