@@ -1,5 +1,11 @@
 """Tests for attnlib.data, attnlib.device, attnlib.viz and attnlib.show_source."""
 
+import html
+import importlib.util
+import inspect
+import re
+import sys
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -114,6 +120,129 @@ def test_show_source_html_uses_css_classes_not_fixed_colours():
     assert 'style="' not in html, "inline colours cannot follow the theme"
     assert '<span class="k">def</span>' in html
     assert '<span class="nf">softmax</span>' in html
+
+
+SAMPLE_MODULE = '''"""A module for show_source's tests."""
+
+
+def marked_up(x):
+    """Scale ``x`` like :func:`~attnlib.softmax`; see :class:`attnlib.KVCache`,
+    :meth:`the append method <attnlib.KVCache.append>`, :py:func:`len` and
+    `the docs <https://example.org>`_. A literal over two lines: ``(batch,
+    num_tokens)``.
+    """
+    marker = "``kept`` :class:`kept`"  # code, not a docstring: kept verbatim
+    return x, marker
+
+
+class Marked:
+    """A class whose method has a docstring too: ``Marked``."""
+
+    def method(self):
+        """Return :data:`None`."""
+        return "``also kept``"
+
+
+def short_function():
+    return 1
+'''
+
+
+def _load_module(tmp_path, monkeypatch, name, source):
+    """Import ``source`` as the module ``name`` (inspect finds a class's source
+    through ``sys.modules``)."""
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _long_function_source(num_lines):
+    """The source of ``long_function``, which has exactly ``num_lines`` lines."""
+    body = [f"    x{i} = {i}" for i in range(num_lines - 2)]
+    return "\n".join(["def long_function():", *body, "    return x0"]) + "\n"
+
+
+def _html_text(fragment):
+    """The text a browser shows for an HTML fragment."""
+    return html.unescape(re.sub(r"<[^>]+>", "", fragment))
+
+
+def test_show_source_shows_docstrings_without_rest_markup(tmp_path, monkeypatch):
+    module = _load_module(tmp_path, monkeypatch, "sample_markup", SAMPLE_MODULE)
+    src = attnlib.show_source(module.marked_up)
+    shown = repr(src)
+    assert "Scale `x` like `softmax`; see `attnlib.KVCache`," in shown
+    assert "`the append method`, `len` and\n    the docs (https://example.org)." in shown
+    assert "`(batch,\n    num_tokens)`" in shown
+    docstring_part = shown.split('"""')[1]
+    assert "``" not in docstring_part and ":class:" not in docstring_part
+    assert ":meth:" not in docstring_part and "<attnlib" not in docstring_part
+    # The code is shown verbatim, and str() is the source itself.
+    assert 'marker = "``kept`` :class:`kept`"  # code, not a docstring' in shown
+    assert str(src) == inspect.getsource(module.marked_up).rstrip("\n")
+    assert shown.count("\n") == str(src).count("\n")
+    # The HTML shows the same text as the plain representation.
+    assert _html_text(src._repr_html_()).rstrip("\n") == shown
+    # Every docstring of a class is rewritten, its methods' included; code is not.
+    shown_class = repr(attnlib.show_source(module.Marked))
+    assert "whose method has a docstring too: `Marked`." in shown_class
+    assert "Return `None`." in shown_class and 'return "``also kept``"' in shown_class
+
+
+def test_show_source_of_attnlib_shows_no_rest_markup():
+    """Every public attnlib object with a docstring, as a chapter would show it."""
+    role = re.compile(r":[a-z]+:`")
+    seen = 0
+    for name in attnlib.__all__:
+        obj = getattr(attnlib, name)
+        if not (inspect.isfunction(obj) or inspect.isclass(obj)):
+            continue
+        shown = repr(attnlib.show_source(obj))
+        docstrings = shown.split('"""')[1::2]
+        seen += len(docstrings)
+        for text in docstrings:
+            assert "``" not in text and not role.search(text), f"{name}: {text[:300]}"
+    assert seen > 30, f"only {seen} docstrings seen"
+
+
+def test_long_show_source_is_collapsed_in_html(tmp_path, monkeypatch):
+    limit = attnlib.source.SourceCode.COLLAPSE_AFTER
+    at_limit = _load_module(tmp_path, monkeypatch, "at_limit", _long_function_source(limit))
+    over = _load_module(tmp_path, monkeypatch, "over_limit", _long_function_source(limit + 1))
+
+    short = attnlib.show_source(at_limit.long_function)
+    assert short.num_lines == limit and not short.collapsed
+    assert short._repr_html_().startswith('<div class="highlight">')
+
+    long = attnlib.show_source(over.long_function)
+    page = long._repr_html_()
+    assert long.num_lines == limit + 1 and long.collapsed
+    # Closed (no "open" attribute), with a summary that names the object and its
+    # length, and the highlighted code inside.
+    assert page.startswith('<details class="attnlib-source"><summary>'), page[:80]
+    assert page.endswith("</details>") and " open" not in page.split(">", 1)[0]
+    summary = re.search(r"<summary>(.*?)</summary>", page).group(1)
+    assert _html_text(summary) == f"Show the source of long_function ({limit + 1} lines)"
+    assert '<div class="highlight">' in page and "x0 = 0" in _html_text(page)
+    # The plain text is never cut.
+    assert repr(long) == str(long) and repr(long).count("\n") == limit
+
+    # collapse= overrides the length.
+    assert attnlib.show_source(over.long_function, collapse=False)._repr_html_().startswith(
+        '<div class="highlight">')
+    forced = attnlib.show_source(at_limit.long_function, collapse=True)._repr_html_()
+    assert forced.startswith("<details") and f"({limit} lines)" in forced
+
+
+def test_show_source_rejects_bad_options():
+    with pytest.raises(TypeError, match="collapse must be None or a bool, got 'yes'"):
+        attnlib.show_source(attnlib.softmax, collapse="yes")
+    with pytest.raises(TypeError, match="docstring must be a bool, got 1"):
+        attnlib.show_source(attnlib.softmax, docstring=1)
 
 
 def test_public_api_is_documented():
