@@ -1,6 +1,7 @@
 # Two commands do all set-up on a fresh machine with Python 3.11 and make:
 #   make book   build the HTML book into _build/html
 #   make test   run every test (unit tests, nbval on every notebook, book build, browser check)
+#   make unit   attnlib's unit tests only (no notebooks, book, PDF or Colab): the quick check
 #   make pdf    the whole book as one PDF, _build/pdf/book.pdf (needs /usr/bin/chromium)
 PYTHON ?= python3
 VENV   := .venv
@@ -11,7 +12,7 @@ NOTEBOOKS := $(sort $(wildcard chapters/*.ipynb))
 export PATH := $(BIN):$(PATH)
 export PYTHONHASHSEED := 0
 
-.PHONY: book pdf test lint execute bench clean distclean
+.PHONY: book pdf test unit lint execute bench clean distclean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,11 +36,26 @@ pdf: $(STAMP)
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -n 2 --dist loadfile
 
+# The unit tests: tests/ without nbval (addopts replaced), the book build
+# (test_book.py), the PDF (test_pdf.py) and the fresh Colab-like environment
+# (test_colab.py). The notebook-structure tests read the .ipynb files, quickly.
+unit: $(STAMP)
+	$(BIN)/python -m pytest -n 2 --dist loadfile -o addopts="-ra -p no:cacheprovider" tests \
+	    --ignore=tests/test_book.py --ignore=tests/test_pdf.py --ignore=tests/test_colab.py
+
+# Type-checked with mypy (settings in pyproject.toml). For now only these files:
+# the other modules are being annotated; then replace the line in `lint` by
+# `$(BIN)/mypy`, which checks all of attnlib (pyproject's `files`).
+MYPY_FILES := attnlib/__init__.py attnlib/_validation.py attnlib/_heads.py \
+	attnlib/attention.py attnlib/multihead.py attnlib/gqa.py attnlib/kv_cache.py \
+	attnlib/functional.py attnlib/positional.py attnlib/device.py attnlib/viz.py attnlib/bench
+
 # ruff with flake8-bugbear (settings in pyproject.toml). Notebook code lines stay
 # within the 88 characters that the book's code box shows without cutting.
 lint: $(STAMP)
 	$(BIN)/ruff check attnlib tests _ext
 	$(BIN)/ruff check --line-length 88 chapters
+	$(BIN)/mypy --follow-imports=silent $(MYPY_FILES)
 
 # Re-execute every notebook in place, top to bottom in a fresh kernel, saving outputs.
 # One notebook: make execute NOTEBOOKS=chapters/03_why_scale.ipynb

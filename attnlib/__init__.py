@@ -9,7 +9,7 @@ Functions are grouped by concept, not by chapter:
 * :mod:`attnlib.attention` - the single-head attention modules, from
   ``SelfAttention_v1`` to ``CausalAttention``.
 * :mod:`attnlib.multihead` - ``MultiHeadAttentionWrapper`` and
-  ``MultiHeadAttention`` (also importable from :mod:`attnlib.attention`).
+  ``MultiHeadAttention``.
 * :mod:`attnlib.positional` - positional encodings, rotary embeddings (RoPE).
 * :mod:`attnlib.kv_cache` - the key-value cache for generating token by token.
 * :mod:`attnlib.gqa` - grouped-query (and multi-query) attention.
@@ -23,18 +23,14 @@ Functions are grouped by concept, not by chapter:
 * :mod:`attnlib.device` - picking CPU or GPU.
 * :mod:`attnlib.bench` - ``python -m attnlib.bench``, the timing and memory
   benchmark (a package: contestants, timing, memory, sweeps, report, CLI).
+* :mod:`attnlib.exercises` - the checkers of the chapters' exercises (a package).
+* :mod:`attnlib.source` - ``show_source`` and ``expect``, for the notebooks.
 
 Mask convention everywhere: a bool mask is True where a query may attend.
 """
 
 from . import data, device, experiments, functional, models, positional, training, viz
-from .attention import (
-    CausalAttention,
-    MultiHeadAttention,
-    MultiHeadAttentionWrapper,
-    SelfAttention_v1,
-    SelfAttention_v2,
-)
+from .attention import CausalAttention, SelfAttention_v1, SelfAttention_v2
 from .data import JOURNEY_TOKENS, journey_embeddings
 from .gqa import GroupedQueryAttention
 from .kv_cache import KVCache
@@ -56,6 +52,7 @@ from .positional import (
     sinusoidal_encoding,
 )
 from .models import TinyTransformer, TransformerBlock
+from .multihead import MultiHeadAttention, MultiHeadAttentionWrapper
 from .source import expect, show_source
 from .viz import plot_attention
 

@@ -12,7 +12,9 @@ Integers and bools from NumPy are accepted wherever Python's are
 
 from __future__ import annotations
 
+import math
 import numbers
+import sys
 
 import torch
 
@@ -25,17 +27,26 @@ __all__ = [
     "check_float_tensor",
     "check_dim",
     "check_input",
+    "check_sdpa_inputs",
 ]
 
 
 def type_name(value: object) -> str:
-    """The full name of ``value``'s type: ``int``, ``numpy.int64``, ``torch.Tensor``."""
+    """The full name of ``value``'s type: ``int``, ``numpy.int64``, ``torch.Tensor``.
+
+    A PyTorch type is named by its shortest public path (``torch.nn.Linear``,
+    not ``torch.nn.modules.linear.Linear``).
+    """
     cls = type(value)
     module = cls.__module__
     if module == "builtins":
         return cls.__qualname__
     if module.startswith("torch"):
-        module = "torch"
+        parts = module.split(".")
+        for i in range(1, len(parts) + 1):
+            public = ".".join(parts[:i])
+            if getattr(sys.modules.get(public), cls.__qualname__, None) is cls:
+                return f"{public}.{cls.__qualname__}"
     return f"{module}.{cls.__qualname__}"
 
 
@@ -94,9 +105,10 @@ def check_dropout(dropout: object, name: str = "dropout") -> float:
     """
     if _is_bool(dropout) or not isinstance(dropout, numbers.Real):
         raise TypeError(f"{name} must be a float, got {type_name(dropout)} {name}={dropout!r}")
-    if not 0.0 <= dropout < 1.0:
+    value = float(dropout)
+    if not 0.0 <= value < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {name}={dropout}")
-    return float(dropout)
+    return value
 
 
 def check_float_tensor(name: str, x: object, min_ndim: int = 1) -> None:
@@ -125,9 +137,10 @@ def check_dim(x: torch.Tensor, dim: object) -> int:
     """
     if _is_bool(dim) or not isinstance(dim, numbers.Integral):
         raise TypeError(f"dim must be an int, got {type_name(dim)} dim={dim!r}")
-    if not -x.ndim <= dim < x.ndim:
+    index = int(dim)
+    if not -x.ndim <= index < x.ndim:
         raise ValueError(f"dim={dim} is out of range for a tensor with {x.ndim} dimension(s)")
-    return int(dim)
+    return index
 
 
 def check_input(
@@ -187,3 +200,94 @@ def check_input(
                 f"x is on {x.device} but the module's parameters are on {like.device}: "
                 f"move one, e.g. x.to('{like.device}') or module.to('{x.device}')"
             )
+
+
+def check_sdpa_inputs(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | None,
+) -> None:
+    """The arguments of a scaled dot-product attention call, before any computation.
+
+    Shared by :func:`attnlib.scaled_dot_product_attention` and
+    :func:`attnlib.functional.flash_attention`, so both refuse bad input with
+    the same words.
+
+    Raises:
+        TypeError: ``query``, ``key`` or ``value`` is not a floating-point
+            tensor, their dtypes differ, ``dropout_p`` or ``scale`` is not a
+            real number, ``is_causal`` is not a bool, or ``attn_mask`` is not a
+            tensor (or None) of dtype bool or the query's dtype.
+        ValueError: they are on different devices, have fewer than 2
+            dimensions, disagree on ``d_k``, ``num_tokens_kv`` or the leading
+            dimensions; ``dropout_p`` is outside ``[0, 1)``; ``scale`` is not
+            finite; ``attn_mask`` does not broadcast to the scores' shape, or
+            comes with ``is_causal=True``.
+    """
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        check_float_tensor(name, t, min_ndim=2)
+    if not (query.dtype == key.dtype == value.dtype):
+        raise TypeError(
+            "query, key and value must share a dtype, got "
+            f"{query.dtype}, {key.dtype}, {value.dtype}"
+        )
+    if not (query.device == key.device == value.device):
+        raise ValueError(
+            "query, key and value must be on one device, got "
+            f"{query.device}, {key.device}, {value.device}"
+        )
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(
+            f"query and key must have the same d_k, got query {tuple(query.shape)} "
+            f"and key {tuple(key.shape)}"
+        )
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(
+            f"key and value must have the same num_tokens_kv, got key {tuple(key.shape)} "
+            f"and value {tuple(value.shape)}"
+        )
+    if not (query.shape[:-2] == key.shape[:-2] == value.shape[:-2]):
+        raise ValueError(
+            "query, key and value must have the same leading (batch, head) dimensions, got "
+            f"{tuple(query.shape[:-2])}, {tuple(key.shape[:-2])} and {tuple(value.shape[:-2])}"
+        )
+    if _is_bool(dropout_p) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"dropout_p must be a float, got {type_name(dropout_p)}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    check_bool("is_causal", is_causal)
+    if scale is not None:
+        if _is_bool(scale) or not isinstance(scale, numbers.Real):
+            raise TypeError(f"scale must be a float or None, got {type_name(scale)}")
+        if not math.isfinite(scale):
+            raise ValueError(f"scale must be finite, got {scale}")
+    if attn_mask is not None:
+        _check_attn_mask(attn_mask, query, key, is_causal)
+
+
+def _check_attn_mask(
+    attn_mask: object, query: torch.Tensor, key: torch.Tensor, is_causal: bool
+) -> None:
+    if is_causal:
+        raise ValueError("give either attn_mask or is_causal=True, not both")
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type_name(attn_mask)}")
+    if attn_mask.dtype != torch.bool and attn_mask.dtype != query.dtype:
+        raise TypeError(
+            f"attn_mask must be bool or have the query's dtype {query.dtype}, "
+            f"got {attn_mask.dtype}"
+        )
+    scores_shape = (*query.shape[:-1], key.shape[-2])
+    try:
+        broadcast = torch.broadcast_shapes(attn_mask.shape, scores_shape)
+    except RuntimeError:
+        broadcast = None
+    if broadcast != torch.Size(scores_shape):
+        raise ValueError(
+            f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to the "
+            f"attention scores' shape {scores_shape}"
+        )

@@ -1,20 +1,16 @@
-"""Self-attention modules, from a compact class with raw weight matrices to
-causal attention, and the helpers the multi-head modules share.
+"""Single-head self-attention modules, from a compact class with raw weight
+matrices to causal attention.
 
 The classes follow the course's arc: :class:`SelfAttention_v1` (weights as
 ``nn.Parameter``), :class:`SelfAttention_v2` (weights as ``nn.Linear``) and
 :class:`CausalAttention` (future tokens hidden, dropout on the weights). The
 multi-head classes, :class:`attnlib.MultiHeadAttentionWrapper` (several causal
 heads side by side) and :class:`attnlib.MultiHeadAttention` (the heads split
-out of one set of projections, with an output projection, a fused fast path and
-an optional KV cache for generating token by token:
-``forward(x, kv_cache=attnlib.KVCache())``), live in :mod:`attnlib.multihead`
-and are re-exported here, so ``from attnlib.attention import
-MultiHeadAttention`` works. Grouped-query attention lives in
-:mod:`attnlib.gqa`, the cache in :mod:`attnlib.kv_cache`; both multi-head
-modules and :mod:`attnlib.gqa` build on the private helpers here (the
-causal-mask buffer, the packed query/key/value projection, the cache
-bookkeeping).
+out of one set of projections), live in :mod:`attnlib.multihead`, which builds
+on the classes here; grouped-query attention lives in :mod:`attnlib.gqa`, the
+KV cache in :mod:`attnlib.kv_cache`. The plumbing they share (the causal-mask
+buffer, the packed query/key/value projection, the cache bookkeeping) is in
+the private module ``attnlib._heads``, below all of them.
 
 Shape legend used in every docstring here:
 
@@ -41,193 +37,22 @@ numbers, are the book's.
 
 from __future__ import annotations
 
-import math
+from typing import Literal, overload
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
+from ._heads import _register_causal_mask
 from ._validation import check_bool as _check_bool
 from ._validation import check_dropout as _check_dropout
 from ._validation import check_input as _check_input
 from ._validation import check_positive_int as _check_positive_int
-from ._validation import type_name
-from .functional import causal_mask
-from .kv_cache import KVCache
 
 __all__ = [
     "SelfAttention_v1",
     "SelfAttention_v2",
     "CausalAttention",
 ]
-# MultiHeadAttentionWrapper and MultiHeadAttention are re-exported at the end of
-# this file but not listed here: their home (and API page entry) is attnlib.multihead.
-
-
-def _register_causal_mask(module: nn.Module, context_length: int) -> None:
-    """Give ``module`` a bool ``mask`` buffer (True = may attend) that survives loading.
-
-    The buffer is persistent, so state_dict keys match the reference
-    implementation's (Raschka 2024, ch. 3, which also calls it ``mask``). That
-    reference stores a *float* mask that is 1 where attention is **blocked**;
-    copied into a bool buffer it would flip the mask. The mask is fully
-    determined by ``context_length``, so loading keeps the module's own mask:
-    an incoming ``mask`` of the right shape is replaced by it (a wrong shape
-    still fails with torch's usual size-mismatch error).
-    """
-    module.register_buffer("mask", causal_mask(context_length), persistent=True)
-    module.register_load_state_dict_pre_hook(_keep_own_mask)
-
-
-def _keep_own_mask(
-    module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-) -> None:
-    # ``load_state_dict`` hands hooks its own shallow copy of the caller's dict,
-    # so replacing an entry here does not change the caller's state_dict.
-    key = prefix + "mask"
-    incoming = state_dict.get(key)
-    if isinstance(incoming, torch.Tensor) and incoming.shape == module.mask.shape:
-        state_dict[key] = module.mask
-
-
-def _pack_qkv(W_query: nn.Linear, W_key: nn.Linear, W_value: nn.Linear) -> None:
-    """Store the three weights (and biases) side by side in one tensor each.
-
-    Each parameter stays its own ``nn.Parameter`` (same object, same values,
-    same ``state_dict`` key, its own gradient); only its storage becomes a
-    slice of a shared ``(d_q + 2 * d_kv, d_in)`` tensor, so that the fast path
-    can read the stacked weight without copying it (see
-    :func:`_fused_qkv_projection`). ``.to()``, ``.double()`` and the like give
-    parameters new storage; the modules call this again after them.
-    """
-    layers = (W_query, W_key, W_value)
-    for name in ("weight", "bias"):
-        params = [getattr(layer, name) for layer in layers]
-        if any(p is None for p in params):
-            continue
-        with torch.no_grad():
-            packed = torch.cat([p.detach() for p in params], dim=0)  # (d_q + 2 * d_kv, ...)
-        start = 0
-        for p in params:
-            p.data = packed[start : start + p.shape[0]]  # same Parameter, new storage
-            start += p.shape[0]
-
-
-def _stacked_view(params: list[torch.Tensor]) -> torch.Tensor | None:
-    """``torch.cat(params)`` as a view, if they lie side by side in one storage; else None."""
-    first = params[0]
-    storage, offset = first.untyped_storage().data_ptr(), first.storage_offset()
-    for p in params:
-        if (
-            p.dtype != first.dtype
-            or not p.is_contiguous()
-            or p.untyped_storage().data_ptr() != storage
-            or p.storage_offset() != offset
-        ):
-            return None
-        offset += p.numel()
-    shape = (sum(p.shape[0] for p in params), *first.shape[1:])
-    strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))  # contiguous
-    return first.as_strided(shape, strides, first.storage_offset())
-
-
-def _fused_qkv_projection(
-    x: torch.Tensor, W_query: nn.Linear, W_key: nn.Linear, W_value: nn.Linear
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Queries, keys and values of ``x`` from ONE matrix multiplication.
-
-    The three weights are stacked into one ``(d_q + 2 * d_kv, d_in)`` matrix
-    (and the biases into one vector) and applied with a single
-    :func:`torch.nn.functional.linear`: one large GEMM instead of three
-    smaller ones. When gradients are needed the stacking is ``torch.cat``,
-    which is differentiable, so each of ``W_query``, ``W_key`` and ``W_value``
-    receives its own gradient. Without gradients (``torch.no_grad``,
-    inference mode, frozen weights) the stack is read in place from the
-    storage that :func:`_pack_qkv` gave the three parameters, with no copy;
-    either way the current values of the parameters are used.
-
-    Returns:
-        ``(queries, keys, values)``: ``(..., num_tokens, d_q)``,
-        ``(..., num_tokens, d_kv)``, ``(..., num_tokens, d_kv)``; views into
-        the one projected tensor.
-    """
-    layers = (W_query, W_key, W_value)
-    needs_grad = torch.is_grad_enabled() and any(
-        p.requires_grad for layer in layers for p in layer.parameters()
-    )
-    weights = [layer.weight for layer in layers]
-    weight = None if needs_grad else _stacked_view(weights)
-    if weight is None:
-        weight = torch.cat(weights, dim=0)
-    # weight: (d_q + 2 * d_kv, d_in)
-    bias = None
-    if W_query.bias is not None:
-        biases = [layer.bias for layer in layers]
-        bias = None if needs_grad else _stacked_view(biases)
-        if bias is None:
-            bias = torch.cat(biases, dim=0)  # (d_q + 2 * d_kv,)
-    qkv = F.linear(x, weight, bias)  # (..., num_tokens, d_q + 2 * d_kv)
-    sizes = [W_query.out_features, W_key.out_features, W_value.out_features]
-    queries, keys, values = qkv.split(sizes, dim=-1)
-    return queries, keys, values
-
-
-#: torch >= 2.5 lets scaled_dot_product_attention share key/value heads itself.
-_SDPA_HAS_ENABLE_GQA = torch.torch_version.TorchVersion(torch.__version__) >= "2.5"
-
-
-def _num_cached(kv_cache: object, num_tokens: int, context_length: int) -> int:
-    """Tokens already in ``kv_cache`` (0 without one); checks before any computation.
-
-    Raises:
-        TypeError: ``kv_cache`` is neither None nor a :class:`KVCache`.
-        ValueError: the cached and the new tokens together exceed ``context_length``.
-    """
-    if kv_cache is None:
-        return 0
-    if not isinstance(kv_cache, KVCache):
-        raise TypeError(f"kv_cache must be an attnlib.KVCache or None, got {type_name(kv_cache)}")
-    num_cached = kv_cache.num_tokens
-    if num_cached + num_tokens > context_length:
-        raise ValueError(
-            f"the KV cache holds {num_cached} tokens and x adds num_tokens={num_tokens}: "
-            f"{num_cached + num_tokens} tokens exceed context_length={context_length}"
-        )
-    return num_cached
-
-
-def _sdpa_shared_kv(
-    queries: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    attn_mask: torch.Tensor | None,
-    is_causal: bool,
-    dropout_p: float,
-) -> torch.Tensor:
-    """torch's fused attention with fewer key/value heads than query heads.
-
-    ``queries``: ``(b, num_heads, N_q, head_dim)``; ``keys``, ``values``:
-    ``(b, num_kv_heads, N_kv, head_dim)``, ``num_kv_heads`` dividing
-    ``num_heads``; key/value head ``j`` serves query heads
-    ``j * r ... j * r + r - 1`` (``r = num_heads // num_kv_heads``). Uses
-    ``enable_gqa=True`` where torch has it (>= 2.5, no copies), else
-    ``repeat_interleave``. Returns ``(b, num_heads, N_q, head_dim)``.
-    """
-    if keys.shape[1] == queries.shape[1]:
-        return F.scaled_dot_product_attention(
-            queries, keys, values, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
-        )
-    if _SDPA_HAS_ENABLE_GQA:
-        return F.scaled_dot_product_attention(
-            queries, keys, values, attn_mask=attn_mask, dropout_p=dropout_p,
-            is_causal=is_causal, enable_gqa=True,
-        )
-    group_size = queries.shape[1] // keys.shape[1]
-    keys = keys.repeat_interleave(group_size, dim=1)  # (b, num_heads, N_kv, head_dim)
-    values = values.repeat_interleave(group_size, dim=1)  # (b, num_heads, N_kv, head_dim)
-    return F.scaled_dot_product_attention(
-        queries, keys, values, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
-    )
 
 
 # ---------------------------------------------------------------------------
@@ -421,6 +246,8 @@ class CausalAttention(nn.Module):
     section 3.5 (causal attention and dropout on the weights).
     """
 
+    mask: torch.Tensor  # the buffer that _register_causal_mask registers
+
     def __init__(
         self,
         d_in: int,
@@ -444,7 +271,22 @@ class CausalAttention(nn.Module):
         self.dropout = nn.Dropout(dropout)
         _register_causal_mask(self, context_length)
 
-    def forward(self, x: torch.Tensor, return_weights: bool = False):
+    @overload
+    def forward(self, x: torch.Tensor, return_weights: Literal[False] = ...) -> torch.Tensor: ...
+
+    @overload
+    def forward(
+        self, x: torch.Tensor, return_weights: Literal[True]
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    @overload
+    def forward(
+        self, x: torch.Tensor, return_weights: bool
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+
+    def forward(
+        self, x: torch.Tensor, return_weights: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attend each token to itself and the tokens before it.
 
         Args:
@@ -488,8 +330,3 @@ class CausalAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"d_in={self.d_in}, d_out={self.d_out}, context_length={self.context_length}"
-
-
-# The multi-head classes live in attnlib.multihead, which imports the helpers
-# above; re-exported last, once those exist, so the old import path keeps working.
-from .multihead import MultiHeadAttention, MultiHeadAttentionWrapper  # noqa: E402, F401

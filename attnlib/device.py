@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ._validation import type_name
+
 __all__ = ["get_device", "cuda_available"]
 
 
@@ -29,7 +31,7 @@ def get_device(allow_mps: bool = False) -> torch.device:
         TypeError: ``allow_mps`` is not a bool.
     """
     if not isinstance(allow_mps, bool):
-        raise TypeError(f"allow_mps must be a bool, got {type(allow_mps).__name__}")
+        raise TypeError(f"allow_mps must be a bool, got {type_name(allow_mps)}")
     if torch.cuda.is_available():
         return torch.device("cuda")
     if allow_mps and torch.backends.mps.is_available():

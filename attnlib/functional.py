@@ -17,13 +17,14 @@ query may attend** to a key, as in :func:`torch.nn.functional.scaled_dot_product
 from __future__ import annotations
 
 import math
-import numbers
+from typing import Literal, overload
 
 import torch
 
-from ._validation import check_bool, check_int, type_name
 from ._validation import check_dim as _check_dim
 from ._validation import check_float_tensor as _check_float_tensor
+from ._validation import check_int
+from ._validation import check_sdpa_inputs as _check_sdpa_inputs
 from .flash import flash_attention  # the tiled FlashAttention forward (chapter 8)
 
 __all__ = [
@@ -111,7 +112,7 @@ def simplified_attention(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x: input embeddings, ``(num_tokens, d_in)`` or ``(batch, num_tokens, d_in)``.
 
     Returns:
-        ``(context_vecs, attn_weights)``: ``context_vecs`` has the shape of
+        ``(context_vec, attn_weights)``: ``context_vec`` has the shape of
         ``x``; ``attn_weights`` is ``(num_tokens, num_tokens)`` or
         ``(batch, num_tokens, num_tokens)``, each row summing to 1.
 
@@ -132,8 +133,8 @@ def simplified_attention(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError(f"x must hold at least one token, got shape {tuple(x.shape)}")
     attn_scores = x @ x.transpose(-2, -1)  # (..., num_tokens, num_tokens)
     attn_weights = torch.softmax(attn_scores, dim=-1)  # rows sum to 1
-    context_vecs = attn_weights @ x  # (..., num_tokens, d_in)
-    return context_vecs, attn_weights
+    context_vec = attn_weights @ x  # (..., num_tokens, d_in)
+    return context_vec, attn_weights
 
 
 def causal_mask(
@@ -262,64 +263,46 @@ def sliding_window_mask(
     return causal & ~too_old
 
 
-def _check_sdpa_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale) -> None:
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        _check_float_tensor(name, t, min_ndim=2)
-    if not (query.dtype == key.dtype == value.dtype):
-        raise TypeError(
-            "query, key and value must share a dtype, got "
-            f"{query.dtype}, {key.dtype}, {value.dtype}"
-        )
-    if not (query.device == key.device == value.device):
-        raise ValueError(
-            "query, key and value must be on one device, got "
-            f"{query.device}, {key.device}, {value.device}"
-        )
-    if query.shape[-1] != key.shape[-1]:
-        raise ValueError(
-            f"query and key must have the same d_k, got query {tuple(query.shape)} "
-            f"and key {tuple(key.shape)}"
-        )
-    if key.shape[-2] != value.shape[-2]:
-        raise ValueError(
-            f"key and value must have the same num_tokens_kv, got key {tuple(key.shape)} "
-            f"and value {tuple(value.shape)}"
-        )
-    if not (query.shape[:-2] == key.shape[:-2] == value.shape[:-2]):
-        raise ValueError(
-            "query, key and value must have the same leading (batch, head) dimensions, got "
-            f"{tuple(query.shape[:-2])}, {tuple(key.shape[:-2])} and {tuple(value.shape[:-2])}"
-        )
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
-        raise TypeError(f"dropout_p must be a float, got {type_name(dropout_p)}")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    check_bool("is_causal", is_causal)
-    if scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-            raise TypeError(f"scale must be a float or None, got {type_name(scale)}")
-        if not math.isfinite(scale):
-            raise ValueError(f"scale must be finite, got {scale}")
-    if attn_mask is not None:
-        if is_causal:
-            raise ValueError("give either attn_mask or is_causal=True, not both")
-        if not isinstance(attn_mask, torch.Tensor):
-            raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type_name(attn_mask)}")
-        if attn_mask.dtype != torch.bool and attn_mask.dtype != query.dtype:
-            raise TypeError(
-                f"attn_mask must be bool or have the query's dtype {query.dtype}, "
-                f"got {attn_mask.dtype}"
-            )
-        scores_shape = (*query.shape[:-1], key.shape[-2])
-        try:
-            broadcast = torch.broadcast_shapes(attn_mask.shape, scores_shape)
-        except RuntimeError:
-            broadcast = None
-        if broadcast != torch.Size(scores_shape):
-            raise ValueError(
-                f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to the "
-                f"attention scores' shape {scores_shape}"
-            )
+@overload
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = ...,
+    dropout_p: float = ...,
+    is_causal: bool = ...,
+    scale: float | None = ...,
+    *,
+    return_weights: Literal[False] = ...,
+) -> torch.Tensor: ...
+
+
+@overload
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = ...,
+    dropout_p: float = ...,
+    is_causal: bool = ...,
+    scale: float | None = ...,
+    *,
+    return_weights: Literal[True],
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = ...,
+    dropout_p: float = ...,
+    is_causal: bool = ...,
+    scale: float | None = ...,
+    *,
+    return_weights: bool,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def scaled_dot_product_attention(
@@ -332,7 +315,7 @@ def scaled_dot_product_attention(
     scale: float | None = None,
     *,
     return_weights: bool = False,
-):
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``softmax(query @ key^T * scale + mask) @ value``, computed the readable way.
 
     A reference implementation with the semantics of

@@ -16,21 +16,23 @@ Shape legend (as in :mod:`attnlib.attention`), plus:
 
 from __future__ import annotations
 
+from typing import Any, Literal, overload
+
 import torch
 import torch.nn as nn
 
-from ._validation import check_bool as _check_bool
-from ._validation import check_dropout as _check_dropout
-from ._validation import check_input as _check_input
-from ._validation import check_positive_int as _check_positive_int
 from . import functional as attn_functional
-from .attention import (
+from ._heads import (
     _fused_qkv_projection,
     _num_cached,
     _pack_qkv,
     _register_causal_mask,
     _sdpa_shared_kv,
 )
+from ._validation import check_bool as _check_bool
+from ._validation import check_dropout as _check_dropout
+from ._validation import check_input as _check_input
+from ._validation import check_positive_int as _check_positive_int
 from .kv_cache import KVCache
 from .positional import RotaryPositionalEmbedding
 
@@ -88,6 +90,12 @@ class GroupedQueryAttention(nn.Module):
         Dropout acts in training mode, which is a module's default: call
         ``.eval()`` for deterministic outputs.
 
+    Note:
+        :class:`attnlib.MultiHeadAttention` is the case ``num_kv_groups ==
+        num_heads`` without RoPE, and is built as a subclass: it shares this
+        constructor, the fast path's packed weights and, with a KV cache, this
+        ``forward``.
+
     Raises:
         TypeError: a size is not an int, ``dropout`` is not a float, or a flag
             is not a bool.
@@ -101,6 +109,8 @@ class GroupedQueryAttention(nn.Module):
     "Fast Transformer Decoding: One Write-Head is All You Need" (multi-query);
     Su et al. (2021), RoFormer, eq. (34) (RoPE).
     """
+
+    mask: torch.Tensor  # the buffer that _register_causal_mask registers
 
     def __init__(
         self,
@@ -154,11 +164,32 @@ class GroupedQueryAttention(nn.Module):
         _pack_qkv(self.W_query, self.W_key, self.W_value)  # side by side, for the fast path
         _register_causal_mask(self, self.context_length)
 
-    def _apply(self, *args, **kwargs):
-        # .to(), .double(), .cuda() give each parameter new storage: pack them again.
+    def _apply(self, *args: Any, **kwargs: Any) -> GroupedQueryAttention:
+        # .to(), .double(), .cuda() give each parameter new storage: pack them
+        # again, so that the fast path reads the stacked weight without a copy
+        # (attnlib._heads._pack_qkv has the numbers).
         module = super()._apply(*args, **kwargs)
         _pack_qkv(self.W_query, self.W_key, self.W_value)
         return module
+
+    @overload
+    def forward(
+        self,
+        x: torch.Tensor,
+        return_weights: Literal[False] = ...,
+        *,
+        kv_cache: KVCache | None = ...,
+    ) -> torch.Tensor: ...
+
+    @overload
+    def forward(
+        self, x: torch.Tensor, return_weights: Literal[True], *, kv_cache: KVCache | None = ...
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    @overload
+    def forward(
+        self, x: torch.Tensor, return_weights: bool, *, kv_cache: KVCache | None = ...
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
     def forward(
         self,
@@ -166,7 +197,7 @@ class GroupedQueryAttention(nn.Module):
         return_weights: bool = False,
         *,
         kv_cache: KVCache | None = None,
-    ):
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Causal grouped-query self-attention of ``x``.
 
         Args:
@@ -175,9 +206,17 @@ class GroupedQueryAttention(nn.Module):
                 new tokens.
             return_weights: take the readable path and also return the
                 per-query-head attention weights. Default ``False``.
-            kv_cache: keyword-only; an :class:`attnlib.KVCache`, used as in
-                :meth:`attnlib.MultiHeadAttention.forward`; it stores
-                ``num_kv_groups`` key/value heads (rotated keys with RoPE).
+            kv_cache: keyword-only; an :class:`attnlib.KVCache` holding the keys
+                and values of the tokens before ``x`` (empty at the start of a
+                sequence); it stores ``num_kv_groups`` key/value heads (rotated
+                keys with RoPE). The new tokens' keys and values are appended
+                to it in place, and the new queries attend to everything
+                cached and to themselves, causally: ``x``'s token ``i`` sits at
+                position ``num_cached + i`` and sees keys
+                ``0 ... num_cached + i`` (the causal mask aligned at the
+                bottom-right). Feeding a sequence in chunks, one call per chunk
+                with the same cache, gives the outputs of one call on the
+                whole sequence. Default None.
 
         Returns:
             ``context_vec``: ``(batch, num_tokens, d_out)``. With

@@ -14,13 +14,19 @@ Pass one cache per attention layer to its ``forward(x, kv_cache=cache)``
 Shape legend:
 
 * ``batch``: sequences decoded together.
-* ``num_kv_heads``: key/value heads (``num_heads`` for multi-head attention,
-  ``num_kv_groups`` for grouped-query attention).
+* ``num_kv_groups``: key/value heads (the name of
+  :class:`attnlib.GroupedQueryAttention` and of Raschka's code; ``num_heads``
+  for multi-head attention).
 * ``num_tokens``: tokens cached so far; ``num_new``: tokens being added.
 * ``head_dim``: size of one head's key (and value) vectors.
 """
 
 from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
@@ -28,13 +34,40 @@ from ._validation import type_name
 
 __all__ = ["KVCache"]
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _renamed_keyword(old: str, new: str) -> Callable[[_F], _F]:
+    """Accept the keyword ``old`` as ``new`` with a DeprecationWarning (a renamed argument)."""
+
+    def decorate(fn: _F) -> _F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if old in kwargs:
+                if new in kwargs:
+                    raise TypeError(f"{fn.__qualname__}() got both {old}= and {new}=")
+                warnings.warn(
+                    f"{fn.__qualname__}(): {old}= is renamed {new}=", DeprecationWarning,
+                    stacklevel=2,
+                )
+                kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
 
 class KVCache:
     """Keys and values of one attention layer for the tokens seen so far.
 
     The cache starts empty; :meth:`update` appends the keys and values of new
-    tokens (the tensors are concatenated on the token dimension, so the cache
-    grows in place, one step at a time) and returns everything cached.
+    tokens and returns everything cached. Appending is ``torch.cat`` on the
+    token dimension: each step allocates new ``keys`` and ``values`` tensors
+    one step longer and copies the old ones into them (the ``KVCache`` object
+    is updated in place, its tensors are not). That keeps the cache exactly
+    as large as what it holds; production caches instead preallocate
+    ``context_length`` slots and write into them.
     The module that owns the cache decides what goes in: attnlib's layers store
     keys after RoPE (if any), values as projected.
 
@@ -42,8 +75,8 @@ class KVCache:
     enabled the cache keeps the autograd graph of every stored key and value.
 
     Attributes:
-        keys: ``(batch, num_kv_heads, num_tokens, head_dim)``, or None while empty.
-        values: ``(batch, num_kv_heads, num_tokens, head_dim_v)``, or None while empty.
+        keys: ``(batch, num_kv_groups, num_tokens, head_dim)``, or None while empty.
+        values: ``(batch, num_kv_groups, num_tokens, head_dim_v)``, or None while empty.
 
     Example::
 
@@ -69,16 +102,20 @@ class KVCache:
     def __len__(self) -> int:
         return self.num_tokens
 
+    @_renamed_keyword("num_kv_heads", "num_kv_groups")
     def check_next(
         self,
         batch: int,
-        num_kv_heads: int,
+        num_kv_groups: int,
         head_dim: int,
         head_dim_v: int,
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
         """Raise before any computation if new keys of this layout cannot be appended.
+
+        ``num_kv_groups`` was called ``num_kv_heads`` in attnlib 0.2.0; that
+        keyword still works, with a ``DeprecationWarning``.
 
         Raises:
             ValueError: the batch size, number of key/value heads, head size or
@@ -87,14 +124,14 @@ class KVCache:
                 :meth:`reset`).
             TypeError: the dtype differs from the cached tensors'.
         """
-        if self.keys is None:
+        if self.keys is None or self.values is None:
             return
         held = (self.keys.shape[0], self.keys.shape[1], self.keys.shape[-1],
                 self.values.shape[-1])
-        new = (batch, num_kv_heads, head_dim, head_dim_v)
+        new = (batch, num_kv_groups, head_dim, head_dim_v)
         if held != new:
             raise ValueError(
-                "this KV cache holds keys and values for (batch, num_kv_heads, head_dim, "
+                "this KV cache holds keys and values for (batch, num_kv_groups, head_dim, "
                 f"head_dim_v)={held}, but the new ones are {new}: use one cache per layer "
                 "and batch (KVCache() or cache.reset())"
             )
@@ -109,19 +146,19 @@ class KVCache:
         """Append the new tokens' keys and values; return all cached ones.
 
         Args:
-            keys: ``(batch, num_kv_heads, num_new, head_dim)``.
-            values: ``(batch, num_kv_heads, num_new, head_dim_v)``.
+            keys: ``(batch, num_kv_groups, num_new, head_dim)``.
+            values: ``(batch, num_kv_groups, num_new, head_dim_v)``.
 
         Returns:
             ``(keys, values)`` of every cached token, old ones first:
-            ``(batch, num_kv_heads, num_tokens + num_new, head_dim)`` and
+            ``(batch, num_kv_groups, num_tokens + num_new, head_dim)`` and
             ``(..., head_dim_v)``.
 
         Raises:
             TypeError: ``keys`` or ``values`` is not a floating-point tensor, or
                 their dtypes differ (from each other or from the cache's).
             ValueError: they are not 4-D, disagree on
-                ``(batch, num_kv_heads, num_new)``, or do not fit what the cache
+                ``(batch, num_kv_groups, num_new)``, or do not fit what the cache
                 holds (see :meth:`check_next`).
         """
         for name, t in (("keys", keys), ("values", values)):
@@ -131,12 +168,12 @@ class KVCache:
                 raise TypeError(f"{name} must have a floating-point dtype, got {t.dtype}")
             if t.ndim != 4:
                 raise ValueError(
-                    f"{name} must be (batch, num_kv_heads, num_new, head_dim), "
+                    f"{name} must be (batch, num_kv_groups, num_new, head_dim), "
                     f"got {t.ndim}-D shape {tuple(t.shape)}"
                 )
         if keys.shape[:-1] != values.shape[:-1]:
             raise ValueError(
-                "keys and values must agree on (batch, num_kv_heads, num_new), got "
+                "keys and values must agree on (batch, num_kv_groups, num_new), got "
                 f"{tuple(keys.shape)} and {tuple(values.shape)}"
             )
         if keys.dtype != values.dtype:
@@ -144,13 +181,13 @@ class KVCache:
                             f"{values.dtype}")
         b, h, _, d = keys.shape
         self.check_next(b, h, d, values.shape[-1], keys.dtype, keys.device)
-        if self.keys is None:
+        if self.keys is None or self.values is None:
             # Copies of their own: the new keys and values are often views into a larger
             # buffer (the fused projection also holds the queries), which the cache would
             # otherwise keep alive; and the caller's tensors are never aliased.
             self.keys = keys.clone(memory_format=torch.contiguous_format)
             self.values = values.clone(memory_format=torch.contiguous_format)
-        else:
+        else:  # new, longer tensors: the old ones are copied into them
             self.keys = torch.cat([self.keys, keys], dim=-2)  # (b, h, num_tokens + num_new, d)
             self.values = torch.cat([self.values, values], dim=-2)
         return self.keys, self.values
@@ -162,11 +199,11 @@ class KVCache:
 
     def memory_bytes(self) -> int:
         """Bytes held by the cached keys and values:
-        ``batch * num_kv_heads * num_tokens * (head_dim + head_dim_v) * itemsize``.
+        ``batch * num_kv_groups * num_tokens * (head_dim + head_dim_v) * itemsize``.
 
         The cache owns exactly this memory: it stores its own contiguous copies,
         never views into a larger tensor."""
-        if self.keys is None:
+        if self.keys is None or self.values is None:
             return 0
         return self.keys.nbytes + self.values.nbytes
 
@@ -175,6 +212,6 @@ class KVCache:
             return "KVCache(empty)"
         b, h, n, d = self.keys.shape
         return (
-            f"KVCache(batch={b}, num_kv_heads={h}, num_tokens={n}, head_dim={d}, "
+            f"KVCache(batch={b}, num_kv_groups={h}, num_tokens={n}, head_dim={d}, "
             f"dtype={self.keys.dtype}, memory_bytes={self.memory_bytes()})"
         )

@@ -5,10 +5,11 @@ out of one set of projections.
 heads one after the other and concatenates their outputs;
 :class:`MultiHeadAttention` splits the heads out of one set of projections, adds
 an output projection, a fused fast path and an optional KV cache for generating
-token by token (``forward(x, kv_cache=attnlib.KVCache())``). Both are also
-importable from :mod:`attnlib.attention`, which holds the single-head classes
-and the helpers these share with :mod:`attnlib.gqa` (the causal-mask buffer,
-the packed query/key/value projection, the cache bookkeeping).
+token by token (``forward(x, kv_cache=attnlib.KVCache())``). It is
+grouped-query attention with one key/value head per query head, so it
+subclasses :class:`attnlib.GroupedQueryAttention` (chapter 9), whose
+constructor and cached ``forward`` it shares; its own ``forward`` is the one
+chapter 6 builds.
 
 Shape legend as in :mod:`attnlib.attention`: ``batch`` (``b``), ``num_tokens``
 (``<= context_length``), ``d_in``, ``d_out`` (of the whole layer), ``num_heads``
@@ -24,22 +25,21 @@ the weights, and hence the numbers, are the book's.
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from . import functional as attn_functional
+from ._heads import _fused_qkv_projection
 from ._validation import check_bool as _check_bool
 from ._validation import check_dropout as _check_dropout
 from ._validation import check_input as _check_input
 from ._validation import check_positive_int as _check_positive_int
-from .attention import (
-    CausalAttention,
-    _fused_qkv_projection,
-    _num_cached,
-    _pack_qkv,
-    _register_causal_mask,
-)
+from ._validation import type_name
+from .attention import CausalAttention
+from .gqa import GroupedQueryAttention
 from .kv_cache import KVCache
 
 __all__ = [
@@ -113,7 +113,22 @@ class MultiHeadAttentionWrapper(nn.Module):
             ]
         )
 
-    def forward(self, x: torch.Tensor, return_weights: bool = False):
+    @overload
+    def forward(self, x: torch.Tensor, return_weights: Literal[False] = ...) -> torch.Tensor: ...
+
+    @overload
+    def forward(
+        self, x: torch.Tensor, return_weights: Literal[True]
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    @overload
+    def forward(
+        self, x: torch.Tensor, return_weights: bool
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+
+    def forward(
+        self, x: torch.Tensor, return_weights: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Run every head on ``x`` and concatenate their context vectors.
 
         Args:
@@ -156,7 +171,7 @@ class MultiHeadAttentionWrapper(nn.Module):
         )
 
 
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(GroupedQueryAttention):
     r"""Causal multi-head self-attention: heads split from one set of projections.
 
     One ``d_in -> d_out`` projection each for queries, keys and values; their
@@ -182,7 +197,10 @@ class MultiHeadAttention(nn.Module):
     With ``forward(x, kv_cache=cache)`` the layer generates incrementally:
     ``x`` holds only the new tokens, their keys and values are appended to the
     :class:`attnlib.KVCache`, and the causal mask is aligned at the
-    bottom-right (see :meth:`forward`).
+    bottom-right (see :meth:`forward`). That path is chapter 9's: this class
+    is :class:`attnlib.GroupedQueryAttention` with one key/value head per
+    query head (``num_kv_groups = num_heads``, no RoPE) and inherits its
+    constructor's plumbing and its cached ``forward``.
 
     Parameters are created in the order ``W_query``, ``W_key``, ``W_value``,
     ``out_proj`` (the reference book's), so seeded numbers match it.
@@ -207,6 +225,8 @@ class MultiHeadAttention(nn.Module):
         W_query, W_key, W_value: ``nn.Linear(d_in, d_out, bias=qkv_bias)``.
         out_proj: ``nn.Linear(d_out, d_out, bias=out_bias)``.
         head_dim: ``d_out // num_heads``.
+        num_kv_groups, group_size, rope: as in
+            :class:`attnlib.GroupedQueryAttention`: ``num_heads``, 1 and None.
         dropout_p: the attention-weight dropout probability (a float; set it
             to change the dropout).
         mask: bool buffer ``(context_length, context_length)``, True = may
@@ -264,34 +284,32 @@ class MultiHeadAttention(nn.Module):
         *,
         out_bias: bool = True,
     ) -> None:
-        _check_positive_int("d_in", d_in)
-        _check_positive_int("d_out", d_out)
-        _check_positive_int("context_length", context_length)
-        _check_dropout(dropout)
-        _check_positive_int("num_heads", num_heads)
-        _check_bool("qkv_bias", qkv_bias)
-        _check_bool("out_bias", out_bias)
-        if d_out % num_heads != 0:
-            raise ValueError(f"d_out={d_out} is not divisible by num_heads={num_heads}")
-        super().__init__()
-        self.d_in = d_in
-        self.d_out = d_out
-        self.context_length = context_length
-        self.num_heads = num_heads
-        self.head_dim = d_out // num_heads
-        self.dropout_p = float(dropout)
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.out_proj = nn.Linear(d_out, d_out, bias=out_bias)
-        _pack_qkv(self.W_query, self.W_key, self.W_value)  # side by side, for the fast path
-        _register_causal_mask(self, context_length)
+        # Grouped-query attention with one key/value head per query head: the
+        # checks (with these arguments, the same errors), the four projections
+        # in the book's order, the packed fast path and the mask buffer.
+        super().__init__(
+            d_in, d_out, context_length, dropout, num_heads, num_kv_groups=num_heads,
+            qkv_bias=qkv_bias, out_bias=out_bias,
+        )
 
-    def _apply(self, *args, **kwargs):
-        # .to(), .double(), .cuda() give each parameter new storage: pack them again.
-        module = super()._apply(*args, **kwargs)
-        _pack_qkv(self.W_query, self.W_key, self.W_value)
-        return module
+    @overload
+    def forward(
+        self,
+        x: torch.Tensor,
+        return_weights: Literal[False] = ...,
+        *,
+        kv_cache: KVCache | None = ...,
+    ) -> torch.Tensor: ...
+
+    @overload
+    def forward(
+        self, x: torch.Tensor, return_weights: Literal[True], *, kv_cache: KVCache | None = ...
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    @overload
+    def forward(
+        self, x: torch.Tensor, return_weights: bool, *, kv_cache: KVCache | None = ...
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
     def forward(
         self,
@@ -299,7 +317,7 @@ class MultiHeadAttention(nn.Module):
         return_weights: bool = False,
         *,
         kv_cache: KVCache | None = None,
-    ):
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Causal multi-head self-attention of ``x``.
 
         Args:
@@ -308,22 +326,19 @@ class MultiHeadAttention(nn.Module):
                 *new* tokens.
             return_weights: take the readable path and also return the
                 per-head attention weights. Default ``False`` (fast path).
-            kv_cache: keyword-only; an :class:`attnlib.KVCache` holding the keys
-                and values of the tokens before ``x`` (empty at the start of a
-                sequence). The new tokens' keys and values are appended to it
-                in place, and the new queries attend to everything cached and
-                to themselves, causally: ``x``'s token ``i`` sits at position
-                ``num_cached + i`` and sees keys ``0 ... num_cached + i`` (the
-                causal mask aligned at the bottom-right). Feeding a sequence in
-                chunks, one call per chunk with the same cache, gives the
-                outputs of one call on the whole sequence. Default None.
+            kv_cache: keyword-only; an :class:`attnlib.KVCache`, for generating
+                token by token (chapter 9): ``x`` then holds only the new
+                tokens, which attend to the cached ones and causally to each
+                other. The call is then
+                :meth:`attnlib.GroupedQueryAttention.forward`'s, which documents
+                it. Default None.
 
         Returns:
             ``context_vec``: ``(batch, num_tokens, d_out)``. With
             ``return_weights=True``, the pair ``(context_vec, attn_weights)``,
-            ``attn_weights`` being ``(batch, num_heads, num_tokens,
-            num_cached + num_tokens)`` (``num_cached = 0`` without a cache):
-            the weights applied to the values, after dropout.
+            ``attn_weights`` being ``(batch, num_heads, num_tokens, num_tokens)``
+            (with a cache, ``num_cached + num_tokens`` columns): the weights
+            applied to the values, after dropout.
 
         Raises:
             TypeError: ``x`` is not a floating-point tensor or its dtype
@@ -335,13 +350,12 @@ class MultiHeadAttention(nn.Module):
                 tokens together exceed ``context_length``, or the cache holds
                 another batch size or layout.
         """
+        if kv_cache is not None:  # generating token by token: chapter 9's forward
+            return super().forward(x, return_weights, kv_cache=kv_cache)
         _check_input(x, self.d_in, (3,), self.context_length, like=self.W_query.weight)
         _check_bool("return_weights", return_weights)
         b, num_tokens, _ = x.shape
         num_heads, head_dim = self.num_heads, self.head_dim
-        num_cached = _num_cached(kv_cache, num_tokens, self.context_length)
-        if kv_cache is not None:
-            kv_cache.check_next(b, num_heads, head_dim, head_dim, x.dtype, x.device)
 
         # Project, then split d_out into heads and move heads before tokens.
         if return_weights:  # readable: one projection per matrix, as in the chapters
@@ -356,26 +370,16 @@ class MultiHeadAttention(nn.Module):
         # keys: (b, num_heads, num_tokens, head_dim)
         values = values.view(b, num_tokens, num_heads, head_dim).transpose(1, 2)
         # values: (b, num_heads, num_tokens, head_dim)
-        if kv_cache is not None:  # append; attend to the cached tokens and the new ones
-            keys, values = kv_cache.update(keys, values)
-            # keys, values: (b, num_heads, num_cached + num_tokens, head_dim)
 
         dropout_p = self.dropout_p if self.training else 0.0
-        num_tokens_kv = keys.shape[-2]  # num_cached + num_tokens
-        # The new queries are the last positions: query i may attend to keys
-        # 0 ... num_cached + i, rows num_cached ... of the square causal mask.
-        allowed = self.mask[num_cached:num_tokens_kv, :num_tokens_kv]  # True = may attend
+        allowed = self.mask[:num_tokens, :num_tokens]  # True = may attend
         if return_weights:
             context_vec, attn_weights = attn_functional.scaled_dot_product_attention(
                 queries, keys, values, attn_mask=allowed, dropout_p=dropout_p, return_weights=True
-            )  # (b, num_heads, num_tokens, head_dim), (b, num_heads, num_tokens, N_kv)
-        elif num_cached == 0:
+            )  # (b, num_heads, num_tokens, head_dim), (b, num_heads, num_tokens, num_tokens)
+        else:  # is_causal=True: torch's fused kernel applies the same mask itself
             context_vec = F.scaled_dot_product_attention(
                 queries, keys, values, dropout_p=dropout_p, is_causal=True
-            )  # (b, num_heads, num_tokens, head_dim)
-        else:  # after cached tokens: is_causal would align the mask top-left, so pass ours
-            context_vec = F.scaled_dot_product_attention(
-                queries, keys, values, attn_mask=allowed, dropout_p=dropout_p
             )  # (b, num_heads, num_tokens, head_dim)
 
         # Put the heads back side by side: reshape copies, as the transpose is not contiguous.
@@ -430,7 +434,7 @@ class MultiHeadAttention(nn.Module):
         """
         if not isinstance(module, nn.MultiheadAttention):
             raise TypeError(
-                f"module must be a torch.nn.MultiheadAttention, got {type(module).__name__}"
+                f"module must be a torch.nn.MultiheadAttention, got {type_name(module)}"
             )
         embed_dim = module.embed_dim
         if not module.batch_first:

@@ -44,8 +44,8 @@ __all__ = [
 
 def _check_base(base: object) -> None:
     if isinstance(base, bool) or not isinstance(base, numbers.Real):
-        raise TypeError(f"base must be a float, got {type(base).__name__}")
-    if not (math.isfinite(base) and base > 0):
+        raise TypeError(f"base must be a float, got {type_name(base)}")
+    if not (math.isfinite(base) and float(base) > 0):
         raise ValueError(f"base must be a finite positive number, got {base}")
 
 
@@ -62,7 +62,7 @@ def _frequencies(d_model: int, base: float) -> torch.Tensor:
 
 def _check_tokens(x: object, d_model: int, context_length: int) -> None:
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        raise TypeError(f"x must be a torch.Tensor, got {type_name(x)}")
     if not x.is_floating_point():
         raise TypeError(f"x must have a floating-point dtype, got {x.dtype}")
     if x.ndim not in (2, 3):
@@ -184,7 +184,7 @@ def sinusoidal_offset_matrix(
     Source: Vaswani et al. (2017), "Attention Is All You Need", section 3.5.
     """
     if isinstance(offset, bool) or not isinstance(offset, int):
-        raise TypeError(f"offset must be an int, got {type(offset).__name__}")
+        raise TypeError(f"offset must be an int, got {type_name(offset)}")
     _check_positive_int("d_model", d_model)
     if d_model % 2 != 0:
         raise ValueError(

@@ -4,8 +4,12 @@ so ``import attnlib`` stays light."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 __all__ = ["plot_attention"]
 
@@ -23,12 +27,12 @@ ANNOTATION_FONTSIZE = 10
 def plot_attention(
     attn_weights: torch.Tensor,
     tokens: Sequence[str] | None = None,
-    ax=None,
+    ax: Axes | None = None,
     title: str | None = None,
     *,
     annotate: bool | None = None,
     vmax: float | None = None,
-):
+) -> Axes:
     """Heatmap of an attention-weight matrix: rows are queries, columns keys.
 
     Args:

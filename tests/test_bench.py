@@ -193,17 +193,21 @@ def test_peak_memory_counts_a_known_allocation():
 def test_reference_needs_more_memory_than_fast_path(mode):
     # The readable path materialises (b, num_heads, N, N) = 4*256*256 floats = 1 MiB per matrix.
     num_tokens = 256
-    contestants = bench.make_contestants(
-        D_MODEL, NUM_HEADS, num_tokens, names=["reference", "attnlib"], device="cpu")
-    x = _x(num_tokens, batch=1)
-    prepared = bench._timing._prepare(contestants, x, mode, seed=0)
-    peaks = {}
-    for name, (c, inputs, step) in prepared.items():
-        peaks[name] = bench.peak_memory_bytes(step, "cpu")
-        bench._timing._clear_grads(c, inputs)
+    result = bench.run_benchmark([num_tokens], d_model=D_MODEL, num_heads=NUM_HEADS,
+                                 modes=[mode], contestants=["reference", "attnlib"], reps=1,
+                                 warmup=0, device="cpu")
+    peaks = {r["contestant"]: r["peak_memory_bytes"] for r in result["records"]}
     weights_bytes = NUM_HEADS * num_tokens * num_tokens * 4
-    assert peaks["reference"] >= weights_bytes
-    assert peaks["reference"] > 2 * peaks["attnlib"]
+    if mode == "forward":
+        # The fused kernel never holds an (N, N) matrix; the readable path holds several.
+        assert peaks["attnlib"] < weights_bytes
+        assert peaks["reference"] > 2 * weights_bytes
+    else:
+        # The backward of the readable path keeps the weights and computes their gradient,
+        # two (N, N) matrices at least. How much the fused backward needs is torch's
+        # choice of CPU kernel, which changes between releases (2.8 MB under torch 2.11,
+        # 0.9 MiB under 2.13), so it is not asserted.
+        assert peaks["reference"] >= 2 * weights_bytes
 
 
 def test_time_contestants_returns_reps_positive_times_and_clears_grads():
@@ -217,6 +221,32 @@ def test_time_contestants_returns_reps_positive_times_and_clears_grads():
         bench.time_contestants(contestants, _x(16), "backward")
     with pytest.raises(ValueError, match="reps=0"):
         bench.time_contestants(contestants, _x(16), "forward", reps=0)
+
+
+@pytest.mark.parametrize("warmup, error", [(1.0, TypeError), (True, TypeError), (-1, ValueError)])
+def test_warmup_is_checked_alike_everywhere(warmup, error):
+    # A wrong type is a TypeError and a negative count a ValueError, in every entry point.
+    contestants = bench.make_contestants(D_MODEL, NUM_HEADS, 16, names=["attnlib"], device="cpu")
+    calls = [
+        lambda: bench.time_contestants(contestants, _x(16), "forward", warmup=warmup),
+        lambda: bench.run_benchmark([8], d_model=D_MODEL, num_heads=NUM_HEADS, warmup=warmup,
+                                    device="cpu"),
+        lambda: bench.run_kernel_timing(16, warmup=warmup, device="cpu"),
+    ]
+    for call in calls:
+        with pytest.raises(error, match="warmup"):
+            call()
+
+
+def test_setting_a_target_on_the_package_changes_the_verdict(monkeypatch):
+    kwargs = dict(d_model=D_MODEL, num_heads=NUM_HEADS, modes=["forward"], reps=1, warmup=0,
+                  contestants=["attnlib", "bare_kernels"], measure_memory=False, device="cpu")
+    monkeypatch.setattr(bench, "TARGET_VS_BARE_KERNELS", 0.0)
+    (verdict,) = bench.run_benchmark([8], **kwargs)["verdicts"]
+    assert verdict["threshold"] == 0.0 and verdict["passed"] is False
+    monkeypatch.setattr(bench, "TARGET_VS_BARE_KERNELS", 1e9)
+    (verdict,) = bench.run_benchmark([8], **kwargs)["verdicts"]
+    assert verdict["threshold"] == 1e9 and verdict["passed"] is True
 
 
 # --- run_benchmark, JSON and the command line ----------------------------------------------
@@ -240,8 +270,8 @@ def test_run_benchmark_rejects_unknown_mode_and_contestant():
 
 def test_quick_run_writes_json_with_the_documented_schema(tmp_path, monkeypatch, capsys):
     # Impossible thresholds make every target fail: --check must then exit 1.
-    monkeypatch.setattr(bench._benchmark, "TARGET_VS_TORCH_MHA", 0.0)
-    monkeypatch.setattr(bench._benchmark, "TARGET_VS_BARE_KERNELS", 0.0)
+    monkeypatch.setattr(bench, "TARGET_VS_TORCH_MHA", 0.0)
+    monkeypatch.setattr(bench, "TARGET_VS_BARE_KERNELS", 0.0)
     out = tmp_path / "bench.json"
     status = bench.main(["--quick", "--seq-lens", "32", "--reps", "2", "--warmup", "0",
                          "--device", "cpu", "--out", str(out), "--check",
@@ -273,7 +303,9 @@ def test_quick_run_writes_json_with_the_documented_schema(tmp_path, monkeypatch,
         assert r["seq_len"] == 32 and r["batch"] == 1
         assert len(r["times_ms"]) == 2
         assert r["q1_ms"] <= r["median_ms"] <= r["q3_ms"]
-        assert r["peak_memory_bytes"] >= 0
+        # Every call allocates at least its output: (1, 32, 64) float32 for a layer,
+        # (1, 4, 32, 16) for the attention kernels alone, 8 KiB either way.
+        assert r["peak_memory_bytes"] >= 32 * 64 * 4
         backward = r["mode"] == "forward_backward"
         kernel_only = r["contestant"] in ("sdpa_only", "flash_only")
         assert r["flops"] == bench.attention_flops(
@@ -300,7 +332,7 @@ def test_quick_run_writes_json_with_the_documented_schema(tmp_path, monkeypatch,
 
 
 def test_without_check_a_missed_target_still_exits_0(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench._benchmark, "TARGET_VS_BARE_KERNELS", 0.0)
+    monkeypatch.setattr(bench, "TARGET_VS_BARE_KERNELS", 0.0)
     out = tmp_path / "b.json"
     status = bench.main(["--quick", "--seq-lens", "16", "--reps", "1", "--warmup", "0",
                          "--modes", "forward", "--contestants", "attnlib", "bare_kernels",

@@ -197,9 +197,39 @@ def test_update_appends_and_reports_memory_and_resets():
     assert torch.equal(values, torch.cat([v1, v2], dim=2))
     assert len(cache) == 5
     assert cache.memory_bytes() == 2 * 3 * 5 * (5 + 7) * 4  # float32: 4 bytes
-    assert "num_tokens=5" in repr(cache)
+    assert repr(cache) == (
+        "KVCache(batch=2, num_kv_groups=3, num_tokens=5, head_dim=5, dtype=torch.float32, "
+        "memory_bytes=1440)"
+    )
     cache.reset()
     assert len(cache) == 0 and cache.keys is None
+
+
+def test_update_reallocates_as_its_docstring_says():
+    # Appending makes new, longer tensors (torch.cat): what an earlier update returned
+    # is left as it was, the length it had then.
+    cache = KVCache()
+    first_keys, _ = cache.update(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4))
+    keys, _ = cache.update(torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4))
+    assert first_keys.shape[-2] == 3 and keys.shape[-2] == 4
+    assert keys.untyped_storage().data_ptr() != first_keys.untyped_storage().data_ptr()
+    assert torch.equal(keys[:, :, :3], first_keys)
+
+
+def test_check_next_takes_num_kv_groups_and_the_old_keyword_with_a_warning():
+    cache = KVCache()
+    cache.update(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4))
+    layout = dict(batch=1, head_dim=4, head_dim_v=4, dtype=torch.float32,
+                  device=torch.device("cpu"))
+    cache.check_next(num_kv_groups=2, **layout)  # fits: no error
+    with pytest.raises(ValueError, match=r"\(batch, num_kv_groups, head_dim, head_dim_v\)"):
+        cache.check_next(num_kv_groups=3, **layout)
+    with pytest.warns(DeprecationWarning, match="num_kv_heads= is renamed num_kv_groups="):
+        cache.check_next(num_kv_heads=2, **layout)
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="num_kv_groups"):
+        cache.check_next(num_kv_heads=3, **layout)
+    with pytest.raises(TypeError, match="got both num_kv_heads= and num_kv_groups="):
+        cache.check_next(num_kv_heads=2, num_kv_groups=2, **layout)
 
 
 @pytest.mark.parametrize("grouped", [False, True])

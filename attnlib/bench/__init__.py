@@ -24,7 +24,10 @@ part of) one causal self-attention layer of GPT-2-small's size
   ``view``/``transpose`` into heads, ``scaled_dot_product_attention(is_causal=True)``,
   ``transpose`` back and ``reshape`` (a copy), and the output
   :func:`~torch.nn.functional.linear`. attnlib can at best match it; the gap
-  is the module's overhead (including stacking its three weights on each call).
+  is the module's overhead. In ``forward`` mode attnlib reads its three
+  weights, which it keeps side by side, as one matrix without a copy; in
+  ``forward_backward`` mode it stacks them with ``torch.cat`` on every call
+  (so that each gets its gradient), which the floor does not.
 * ``sdpa_only`` - :func:`torch.nn.functional.scaled_dot_product_attention`
   alone on already projected queries, keys and values, laid out as attnlib
   passes them (a transposed view of ``(batch, num_tokens, d_model)``): the
@@ -59,12 +62,17 @@ forward is followed by ``out.backward(grad_output)`` with a fixed random
 ``grad_output``; gradients are set to ``None`` between repetitions, outside the
 timed region).
 
-Timing: ``warmup`` untimed and then ``reps`` timed repetitions with
-:func:`time.perf_counter` (with :func:`torch.cuda.synchronize` around each call
-on CUDA), with Python's garbage collector off. The contestants are interleaved
-round-robin inside every repetition (and the order rotates), so a slow drift of
-the machine's load hits all of them alike. Reported: median and interquartile
-range (IQR) of the per-call times.
+Timing: :class:`torch.utils.benchmark.Timer`, which synchronises the GPU
+around the timed region, fixes the number of threads (to
+:func:`torch.get_num_threads`) and turns Python's garbage collector off. Each
+repetition times one call of every contestant, interleaved round-robin (the
+order rotates by one place per repetition), so a slow drift of the machine's
+load hits all of them alike; each timed call follows an untimed one of the
+same contestant (``Timer.blocked_autorange(min_run_time=0)``: one warm-up
+call, then one timed call), so it is measured warm although another
+contestant ran just before. ``warmup`` whole repetitions come first and are
+dropped. Reported: median and interquartile range (IQR) of the ``reps``
+per-call times.
 
 Peak memory, reported as the peak of the bytes allocated during one call above
 what was allocated when it started (activations, outputs, gradients; not the
@@ -83,13 +91,16 @@ Outputs: a table on stdout, a verdict line per target, sequence length and mode,
 a JSON file (see :func:`run_benchmark`, :func:`run_memory_sweep` and
 :func:`run_kernel_timing` for its schema) and a PNG of the memory sweep.
 
-The code lives by concept in private modules: ``_contestants`` (the six
-contestants, their FLOPs and agreement), ``_timing``, ``_memory``,
+The code lives by concept in private modules: ``_constants``,
+``_contestants`` (the six contestants, their FLOPs and agreement),
+``_timing``, ``_memory``,
 ``_benchmark`` (:func:`run_benchmark`), ``_sweeps`` (the kernel sweeps),
 ``_report`` (the tables) and ``_cli`` (:func:`main`, run by ``python -m
 attnlib.bench`` through ``__main__.py``). Every public name is re-exported
-here; the public constants are defined here, before those modules are
-imported, so that they are documented in one place.
+here. The constants and targets below live in the private ``_constants``,
+which imports nothing from the package, so that no module here imports one
+that imports it; setting one here (``attnlib.bench.TARGET_VS_TORCH_MHA =
+1.2``) is passed on to ``_constants``, where the benchmark reads it.
 """
 
 from __future__ import annotations
@@ -120,51 +131,59 @@ __all__ = [
     "TARGET_REFERENCE_MEMORY_BYTES",
 ]
 
-CONTESTANTS = ("reference", "attnlib", "torch_mha", "bare_kernels", "sdpa_only", "flash_only")
+# The constants live in ._constants, which imports nothing from this package; the
+# modules below read them there when they run. Each is re-bound here with its
+# documentation (for the API page), and _Package.__setattr__ passes an
+# assignment on, so setting attnlib.bench.TARGET_X changes what the benchmark uses.
+import sys as _sys
+import types as _types
+
+from . import _constants
+from ._benchmark import run_benchmark
+from ._cli import main
+from ._contestants import Contestant, attention_flops, check_agreement, make_contestants
+from ._memory import peak_memory_bytes
+from ._report import format_sweeps, format_table
+from ._sweeps import loglog_slope, plot_memory_sweep, run_kernel_timing, run_memory_sweep
+from ._timing import time_contestants
+
+CONTESTANTS = _constants.CONTESTANTS
 """The contestants' names, in the order they are reported."""
 
-MODES = ("forward", "forward_backward")
+MODES = _constants.MODES
 """The timed modes."""
 
-TARGET_VS_TORCH_MHA = 1.0 / 0.9
+TARGET_VS_TORCH_MHA = _constants.TARGET_VS_TORCH_MHA
 """attnlib's time may be at most this multiple of torch_mha's (speed >= 0.9x)."""
 
-TARGET_VS_TORCH_MHA_FORWARD_LONG = 0.5
+TARGET_VS_TORCH_MHA_FORWARD_LONG = _constants.TARGET_VS_TORCH_MHA_FORWARD_LONG
 """In ``forward`` mode at N >= 1024, attnlib's time may be at most this multiple of torch_mha's."""
 
-TARGET_VS_BARE_KERNELS = 1.03
+TARGET_VS_BARE_KERNELS = _constants.TARGET_VS_BARE_KERNELS
 """attnlib's time may be at most this multiple of bare_kernels' (the fused-QKV floor)."""
 
-TARGET_FLASH_VS_SDPA = 3.0
+TARGET_FLASH_VS_SDPA = _constants.TARGET_FLASH_VS_SDPA
 """flash_attention's time may be at most this multiple of torch's fused kernel (kernel timing)."""
 
-TARGET_FLASH_MEMORY_BYTES = 128 * 2**20
+TARGET_FLASH_MEMORY_BYTES = _constants.TARGET_FLASH_MEMORY_BYTES
 """flash_attention's peak memory above its inputs at the sweep's largest N (one head, d=64)."""
 
-TARGET_REFERENCE_MEMORY_BYTES = 2**30
+TARGET_REFERENCE_MEMORY_BYTES = _constants.TARGET_REFERENCE_MEMORY_BYTES
 """The readable path's scores and weights at the sweep's largest N must exceed this."""
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = _constants.SCHEMA_VERSION
 
-MEMORY_SWEEP_SEQ_LENS = (256, 512, 1024, 2048, 4096, 8192, 16384)
+MEMORY_SWEEP_SEQ_LENS = _constants.MEMORY_SWEEP_SEQ_LENS
 """Default sequence lengths of :func:`run_memory_sweep`."""
 
 
-# The submodules import the constants above from this package, so they come after them.
-from ._benchmark import run_benchmark  # noqa: E402
-from ._cli import main  # noqa: E402
-from ._contestants import (  # noqa: E402
-    Contestant,
-    attention_flops,
-    check_agreement,
-    make_contestants,
-)
-from ._memory import peak_memory_bytes  # noqa: E402
-from ._report import format_sweeps, format_table  # noqa: E402
-from ._sweeps import (  # noqa: E402
-    loglog_slope,
-    plot_memory_sweep,
-    run_kernel_timing,
-    run_memory_sweep,
-)
-from ._timing import time_contestants  # noqa: E402
+class _Package(_types.ModuleType):
+    """This package's module type: setting a constant sets it in ``_constants`` too."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if not name.startswith("_") and hasattr(_constants, name):
+            setattr(_constants, name, value)
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package

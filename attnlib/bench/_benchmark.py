@@ -11,20 +11,18 @@ import platform
 import statistics
 from collections.abc import Callable, Sequence
 
+from typing import Any
+
 import torch
 
+from .. import __version__
 from .._validation import check_positive_int as _check_positive_int
-from . import (
-    CONTESTANTS,
-    MODES,
-    SCHEMA_VERSION,
-    TARGET_VS_BARE_KERNELS,
-    TARGET_VS_TORCH_MHA,
-    TARGET_VS_TORCH_MHA_FORWARD_LONG,
-)
-from ._contestants import attention_flops, check_agreement, make_contestants
+from ..device import get_device
+from . import _constants
+from ._constants import CONTESTANTS, MODES
+from ._contestants import Contestant, attention_flops, check_agreement, make_contestants
 from ._memory import peak_memory_bytes
-from ._timing import _check_mode, _clear_grads, _prepare, _quantiles, _time_prepared
+from ._timing import _check_mode, _check_warmup, _prepare, _quantiles, _time_prepared
 
 
 def _device_name(device: torch.device) -> str:
@@ -49,6 +47,125 @@ def _load() -> list[float] | None:
         return None
 
 
+def _check_seq_lens(seq_lens: object, name: str = "seq_lens") -> list[int]:
+    """The distinct sequence lengths, in the order given."""
+    if isinstance(seq_lens, (str, int)) or not isinstance(seq_lens, Sequence):
+        raise TypeError(f"{name} must be a sequence of ints, got {seq_lens!r}")
+    if not seq_lens:
+        raise ValueError(f"{name} must hold at least one sequence length, got none")
+    for n in seq_lens:
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"each seq_len must be an int, got {n!r}")
+        if n <= 0:
+            raise ValueError(f"seq_len={n} must be a positive number of tokens")
+    return list(dict.fromkeys(seq_lens))
+
+
+def _check_modes(modes: object) -> list[str]:
+    if isinstance(modes, str) or not isinstance(modes, Sequence) or not modes:
+        raise ValueError(f"modes must be a non-empty sequence of {MODES}, got {modes!r}")
+    for mode in modes:
+        _check_mode(mode)
+    return list(dict.fromkeys(modes))
+
+
+def _metadata(built: dict[str, Contestant], device: torch.device, dtype: torch.dtype,
+              **arguments: Any) -> dict[str, Any]:
+    """The run's ``metadata`` (see :func:`run_benchmark`); ``arguments`` are copied in."""
+    return {
+        "torch_version": torch.__version__,
+        "attnlib_version": __version__,
+        "python_version": platform.python_version(),
+        "platform": platform.platform(),
+        "device": str(device),
+        "device_name": _device_name(device),
+        "num_threads": torch.get_num_threads(),
+        **arguments,
+        "dtype": str(dtype).removeprefix("torch."),
+        "contestants": {name: c.description for name, c in built.items()},
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "load_average_start": _load(),
+        "memory_method": (
+            "torch.cuda.max_memory_allocated above the start" if device.type == "cuda" else
+            "peak running sum of torch.profiler CPU allocator events above the start"
+            if device.type == "cpu" else "not measured on this device"),
+        "flop_formula": "forward = 8*b*N*d^2 + 4*b*N^2*d (dense, causal mask not halved); "
+                        "forward_backward = 3*forward; sdpa_only, flash_only: 4*b*N^2*d (x3)",
+        "targets": {
+            "attnlib_vs_torch_mha": _constants.TARGET_VS_TORCH_MHA,
+            "attnlib_vs_torch_mha_forward_n_ge_1024":
+                _constants.TARGET_VS_TORCH_MHA_FORWARD_LONG,
+            "attnlib_vs_bare_kernels": _constants.TARGET_VS_BARE_KERNELS,
+        },
+    }
+
+
+def _measure(built: dict[str, Contestant], x: torch.Tensor, mode: str, *, seed: int,
+             reps: int, warmup: int,
+             measure_memory: bool) -> tuple[dict[str, list[float]], dict[str, int | None]]:
+    """Peak memory (one untimed call each, or None) and then the times of every contestant."""
+    prepared = _prepare(built, x, mode, seed=seed)
+    memory: dict[str, int | None] = {}
+    for name, p in prepared.items():
+        p.clear_grads()
+        memory[name] = peak_memory_bytes(p.step, x.device) if measure_memory else None
+        p.clear_grads()
+    return _time_prepared(prepared, reps, warmup), memory
+
+
+def _records(built: dict[str, Contestant], times: dict[str, list[float]],
+             memory: dict[str, int | None], *, mode: str, num_tokens: int, batch: int,
+             d_model: int, num_heads: int) -> list[dict[str, Any]]:
+    """One record per contestant (see :func:`run_benchmark` for the keys)."""
+    medians = {name: _quantiles(t)[1] for name, t in times.items()}
+
+    def ratio(median: float, other: str, wanted: bool) -> float | None:
+        return median / medians[other] if wanted and other in medians else None
+
+    records = []
+    for name, t in times.items():
+        q1, median, q3 = _quantiles(t)
+        full = built[name].full_layer
+        flops = attention_flops(batch, num_tokens, d_model, num_heads,
+                                backward=mode == "forward_backward", projections=full)
+        mem = memory[name]
+        records.append({
+            "contestant": name, "mode": mode, "seq_len": num_tokens, "batch": batch,
+            "median_ms": median * 1e3, "q1_ms": q1 * 1e3, "q3_ms": q3 * 1e3,
+            "iqr_ms": (q3 - q1) * 1e3, "min_ms": min(t) * 1e3,
+            "times_ms": [v * 1e3 for v in t],
+            "flops": flops, "gflops_per_s": flops / median / 1e9,
+            "peak_memory_bytes": mem,
+            "peak_memory_mb": None if mem is None else mem / 2**20,
+            "time_vs_torch_mha": ratio(median, "torch_mha", full),
+            "time_vs_bare_kernels": ratio(median, "bare_kernels", full),
+            "time_vs_sdpa_only": ratio(median, "sdpa_only", not full),
+        })
+    return records
+
+
+def _verdicts(times: dict[str, list[float]], *, mode: str,
+              num_tokens: int) -> list[dict[str, Any]]:
+    """attnlib against torch_mha and against the bare kernels, where both ran."""
+    vs_torch = _constants.TARGET_VS_TORCH_MHA
+    if mode == "forward" and num_tokens >= 1024:
+        vs_torch = min(vs_torch, _constants.TARGET_VS_TORCH_MHA_FORWARD_LONG)
+    verdicts = []
+    for other, threshold in (("torch_mha", vs_torch),
+                             ("bare_kernels", _constants.TARGET_VS_BARE_KERNELS)):
+        if "attnlib" not in times or other not in times:
+            continue
+        ratio = _quantiles(times["attnlib"])[1] / _quantiles(times[other])[1]
+        paired = statistics.median(
+            a / o for a, o in zip(times["attnlib"], times[other], strict=False))
+        verdicts.append({
+            "target": f"attnlib_vs_{other}", "mode": mode, "seq_len": num_tokens,
+            "ratio": ratio, "paired_ratio": paired, "threshold": threshold,
+            "passed": bool(ratio <= threshold),
+        })
+    return verdicts
+
+
 def run_benchmark(
     seq_lens: Sequence[int] = (256, 512, 1024, 2048),
     *,
@@ -65,7 +182,7 @@ def run_benchmark(
     measure_memory: bool = True,
     seed: int = 0,
     log: Callable[[str], None] | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Run the whole benchmark and return its results as a JSON-ready dict.
 
     For each sequence length and mode: one untimed call per contestant to
@@ -129,63 +246,19 @@ def run_benchmark(
             is unknown or none is given.
         RuntimeError: the contestants disagree (see :func:`check_agreement`).
     """
-    if isinstance(seq_lens, (str, int)) or not isinstance(seq_lens, Sequence):
-        raise TypeError(f"seq_lens must be a sequence of ints, got {seq_lens!r}")
-    if not seq_lens:
-        raise ValueError("seq_lens must hold at least one sequence length, got none")
-    for n in seq_lens:
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise TypeError(f"each seq_len must be an int, got {n!r}")
-        if n <= 0:
-            raise ValueError(f"seq_len={n} must be a positive number of tokens")
+    seq_lens = _check_seq_lens(seq_lens)
     _check_positive_int("batch", batch)
     _check_positive_int("reps", reps)
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be a non-negative int, got warmup={warmup!r}")
-    if isinstance(modes, str) or not modes:
-        raise ValueError(f"modes must be a non-empty sequence of {MODES}, got {modes!r}")
-    for mode in modes:
-        _check_mode(mode)
-    from .. import __version__
-    from ..device import get_device
-
+    warmup = _check_warmup(warmup)
+    modes = _check_modes(modes)
     device = torch.device(device) if device is not None else get_device()
-    seq_lens = list(dict.fromkeys(seq_lens))
-    modes = list(dict.fromkeys(modes))
     built = make_contestants(d_model, num_heads, max(seq_lens), names=contestants,
                              qkv_bias=qkv_bias, device=device, dtype=dtype, seed=seed)
-    metadata = {
-        "torch_version": torch.__version__,
-        "attnlib_version": __version__,
-        "python_version": platform.python_version(),
-        "platform": platform.platform(),
-        "device": str(device),
-        "device_name": _device_name(device),
-        "num_threads": torch.get_num_threads(),
-        "batch": batch,
-        "d_model": d_model,
-        "num_heads": num_heads,
-        "head_dim": d_model // num_heads,
-        "dtype": str(dtype).removeprefix("torch."),
-        "qkv_bias": qkv_bias,
-        "reps": reps,
-        "warmup": warmup,
-        "seq_lens": seq_lens,
-        "modes": modes,
-        "contestants": {name: c.description for name, c in built.items()},
-        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "load_average_start": _load(),
-        "memory_method": (
-            "torch.cuda.max_memory_allocated above the start" if device.type == "cuda" else
-            "peak running sum of torch.profiler CPU allocator events above the start"
-            if device.type == "cpu" else "not measured on this device"),
-        "flop_formula": "forward = 8*b*N*d^2 + 4*b*N^2*d (dense, causal mask not halved); "
-                        "forward_backward = 3*forward; sdpa_only, flash_only: 4*b*N^2*d (x3)",
-        "targets": {"attnlib_vs_torch_mha": TARGET_VS_TORCH_MHA,
-                    "attnlib_vs_torch_mha_forward_n_ge_1024": TARGET_VS_TORCH_MHA_FORWARD_LONG,
-                    "attnlib_vs_bare_kernels": TARGET_VS_BARE_KERNELS},
-    }
-
+    metadata = _metadata(
+        built, device, dtype, batch=batch, d_model=d_model, num_heads=num_heads,
+        head_dim=d_model // num_heads, qkv_bias=qkv_bias, reps=reps, warmup=warmup,
+        seq_lens=seq_lens, modes=modes,
+    )
     gen = torch.Generator(device="cpu").manual_seed(seed + 1)
     check_x = torch.randn(batch, min(seq_lens), d_model, generator=gen).to(device, dtype)
     check_agreement(built, check_x)
@@ -194,57 +267,17 @@ def run_benchmark(
     for num_tokens in seq_lens:
         x = torch.randn(batch, num_tokens, d_model, generator=gen).to(device, dtype)
         for mode in modes:
-            prepared = _prepare(built, x, mode, seed=seed + num_tokens)
-            memory = {}
-            for name, (c, inputs, step) in prepared.items():
-                _clear_grads(c, inputs)
-                memory[name] = peak_memory_bytes(step, device) if measure_memory else None
-                _clear_grads(c, inputs)
-            times = _time_prepared(prepared, device, reps, warmup)
-            medians = {name: _quantiles(t)[1] for name, t in times.items()}
-            for name, t in times.items():
-                q1, median, q3 = _quantiles(t)
-                flops = attention_flops(batch, num_tokens, d_model, num_heads,
-                                        backward=mode == "forward_backward",
-                                        projections=built[name].full_layer)
-                full = built[name].full_layer
-                mem = memory[name]
-                records.append({
-                    "contestant": name, "mode": mode, "seq_len": num_tokens, "batch": batch,
-                    "median_ms": median * 1e3, "q1_ms": q1 * 1e3, "q3_ms": q3 * 1e3,
-                    "iqr_ms": (q3 - q1) * 1e3, "min_ms": min(t) * 1e3,
-                    "times_ms": [v * 1e3 for v in t],
-                    "flops": flops, "gflops_per_s": flops / median / 1e9,
-                    "peak_memory_bytes": mem,
-                    "peak_memory_mb": None if mem is None else mem / 2**20,
-                    "time_vs_torch_mha": median / medians["torch_mha"]
-                    if full and "torch_mha" in medians else None,
-                    "time_vs_bare_kernels": median / medians["bare_kernels"]
-                    if full and "bare_kernels" in medians else None,
-                    "time_vs_sdpa_only": median / medians["sdpa_only"]
-                    if not full and "sdpa_only" in medians else None,
-                })
-            vs_torch = TARGET_VS_TORCH_MHA
-            if mode == "forward" and num_tokens >= 1024:
-                vs_torch = min(vs_torch, TARGET_VS_TORCH_MHA_FORWARD_LONG)
-            for other, threshold in (("torch_mha", vs_torch),
-                                     ("bare_kernels", TARGET_VS_BARE_KERNELS)):
-                if "attnlib" not in times or other not in times:
-                    continue
-                ratio = medians["attnlib"] / medians[other]
-                paired = statistics.median(
-                    a / o for a, o in zip(times["attnlib"], times[other], strict=False))
-                verdicts.append({
-                    "target": f"attnlib_vs_{other}", "mode": mode, "seq_len": num_tokens,
-                    "ratio": ratio, "paired_ratio": paired, "threshold": threshold,
-                    "passed": bool(ratio <= threshold),
-                })
+            times, memory = _measure(built, x, mode, seed=seed + num_tokens, reps=reps,
+                                     warmup=warmup, measure_memory=measure_memory)
+            records += _records(built, times, memory, mode=mode, num_tokens=num_tokens,
+                                batch=batch, d_model=d_model, num_heads=num_heads)
+            verdicts += _verdicts(times, mode=mode, num_tokens=num_tokens)
             if log is not None:
-                parts = ", ".join(f"{n} {medians[n] * 1e3:.1f} ms" for n in medians)
+                parts = ", ".join(f"{n} {_quantiles(t)[1] * 1e3:.1f} ms" for n, t in times.items())
                 log(f"N={num_tokens} {mode}: {parts}")
     metadata["load_average_end"] = _load()
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": _constants.SCHEMA_VERSION,
         "metadata": metadata,
         "records": records,
         "verdicts": verdicts,

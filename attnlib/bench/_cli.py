@@ -10,7 +10,8 @@ from collections.abc import Sequence
 
 import torch
 
-from . import CONTESTANTS, MEMORY_SWEEP_SEQ_LENS, MODES, SCHEMA_VERSION
+from . import _constants
+from ._constants import CONTESTANTS, MEMORY_SWEEP_SEQ_LENS, MODES
 from ._benchmark import run_benchmark
 from ._report import format_sweeps, format_table
 from ._sweeps import plot_memory_sweep, run_kernel_timing, run_memory_sweep
@@ -132,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     kernel_reps = args.kernel_reps or (2 if quick else 5)
     try:
         if args.skip_layer:
-            result = {"schema_version": SCHEMA_VERSION, "metadata": {}, "records": [],
+            result = {"schema_version": _constants.SCHEMA_VERSION, "metadata": {}, "records": [],
                       "verdicts": [], "all_targets_met": True}
         else:
             result = run_benchmark(

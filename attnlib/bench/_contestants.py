@@ -12,13 +12,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .._validation import check_bool as _check_bool
 from .._validation import check_positive_int as _check_positive_int
+from .._validation import type_name
+from ..device import get_device
 from ..flash import DEFAULT_BLOCK_SIZE, flash_attention
-from . import CONTESTANTS
-
-
-# Full-layer contestants compute the whole layer; sdpa_only and flash_only only the attention.
-_LAYER_CONTESTANTS = ("reference", "attnlib", "torch_mha", "bare_kernels")
+from ..multihead import MultiHeadAttention
+from ._constants import CONTESTANTS
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def attention_flops(
     _check_heads(d_model, num_heads)
     for name, flag in (("backward", backward), ("projections", projections)):
         if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+            raise TypeError(f"{name} must be a bool, got {type_name(flag)}")
     head_dim = d_model // num_heads
     proj = 4 * 2 * batch * num_tokens * d_model * d_model if projections else 0
     attn = 2 * 2 * batch * num_heads * num_tokens * num_tokens * head_dim
@@ -123,6 +123,159 @@ def attention_flops(
 
 def _leaf(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return (t.detach().clone().requires_grad_(True),)
+
+
+def _check_names(names: object) -> tuple[str, ...]:
+    if isinstance(names, str):
+        raise TypeError(f"names must be a sequence of names, not the string {names!r}")
+    if not isinstance(names, Sequence):
+        raise TypeError(f"names must be a sequence of names, got {type_name(names)}")
+    if not names:
+        raise ValueError("names must name at least one contestant, got none")
+    for name in names:
+        if name not in CONTESTANTS:
+            raise ValueError(f"unknown contestant {name!r}; expected one of {CONTESTANTS}")
+    return tuple(names)
+
+
+@dataclass(frozen=True)
+class _Weights:
+    """Detached leaf copies of one MultiHeadAttention's weights (biases may be None)."""
+
+    w_q: torch.Tensor
+    w_k: torch.Tensor
+    w_v: torch.Tensor
+    b_q: torch.Tensor | None
+    b_k: torch.Tensor | None
+    b_v: torch.Tensor | None
+    w_o: torch.Tensor
+    b_o: torch.Tensor | None
+
+    @classmethod
+    def copy_of(cls, mha: MultiHeadAttention) -> _Weights:
+        def copy(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.detach().clone().requires_grad_(True)
+
+        layers = (mha.W_query, mha.W_key, mha.W_value, mha.out_proj)
+        w_q, w_k, w_v, w_o = (layer.weight.detach().clone().requires_grad_(True)
+                              for layer in layers)
+        b_q, b_k, b_v, b_o = (copy(layer.bias) for layer in layers)
+        return cls(w_q, w_k, w_v, b_q, b_k, b_v, w_o, b_o)
+
+    def packed_qkv(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One ``(3 * d_model, d_model)`` weight (rows q, k, v) and bias, new leaves."""
+        weight = torch.cat([self.w_q, self.w_k, self.w_v], dim=0).detach().requires_grad_(True)
+        if self.b_q is None or self.b_k is None or self.b_v is None:
+            return weight, None
+        bias = torch.cat([self.b_q, self.b_k, self.b_v], dim=0).detach().requires_grad_(True)
+        return weight, bias
+
+
+def _split_heads(t: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """``(b, num_tokens, d_model)`` to ``(b, num_heads, num_tokens, head_dim)``, a view."""
+    b, num_tokens, d_model = t.shape
+    return t.view(b, num_tokens, num_heads, d_model // num_heads).transpose(1, 2)
+
+
+def _reference(mha: MultiHeadAttention) -> Contestant:
+    return Contestant(
+        "reference", "attnlib.MultiHeadAttention(x, return_weights=True): readable, N x N weights",
+        lambda x: mha(x, return_weights=True)[0], _leaf, tuple(mha.parameters()))
+
+
+def _attnlib(mha: MultiHeadAttention) -> Contestant:
+    return Contestant(
+        "attnlib", "attnlib.MultiHeadAttention(x): fast path (scaled_dot_product_attention)",
+        lambda x: mha(x), _leaf, tuple(mha.parameters()))
+
+
+def _torch_mha(w: _Weights, num_heads: int, device: torch.device,
+               dtype: torch.dtype) -> Contestant:
+    d_model = w.w_q.shape[1]
+    torch_mha = torch.nn.MultiheadAttention(
+        d_model, num_heads, dropout=0.0, bias=True, batch_first=True,
+        device=device, dtype=dtype).eval()
+    weight, bias = w.packed_qkv()
+    with torch.no_grad():
+        torch_mha.in_proj_weight.copy_(weight)
+        if bias is not None:
+            torch_mha.in_proj_bias.copy_(bias)
+        else:  # qkv_bias=False: torch's input bias fixed at zero
+            torch_mha.in_proj_bias.zero_()
+        torch_mha.out_proj.weight.copy_(w.w_o)
+        if w.b_o is not None:  # MultiHeadAttention's out_proj has a bias by default
+            torch_mha.out_proj.bias.copy_(w.b_o)
+    masks: dict[int, torch.Tensor] = {}
+
+    def torch_fn(x: torch.Tensor) -> torch.Tensor:
+        num_tokens = x.shape[1]
+        if num_tokens not in masks:
+            # torch.nn.MultiheadAttention's polarity: True = masked out.
+            masks[num_tokens] = torch.ones(
+                num_tokens, num_tokens, dtype=torch.bool, device=x.device).triu(1)
+        return torch_mha(x, x, x, attn_mask=masks[num_tokens], is_causal=True,
+                         need_weights=False)[0]
+
+    return Contestant(
+        "torch_mha", "torch.nn.MultiheadAttention(x, x, x, is_causal=True, need_weights=False)",
+        torch_fn, _leaf, tuple(torch_mha.parameters()))
+
+
+def _bare_kernels(w: _Weights, num_heads: int) -> Contestant:
+    w_qkv, b_qkv = w.packed_qkv()  # the floor's ONE projection, packed once
+    d_model = w.w_q.shape[0]
+
+    def bare_kernels(x: torch.Tensor) -> torch.Tensor:
+        b, num_tokens, _ = x.shape
+        qkv = F.linear(x, w_qkv, b_qkv)  # ONE GEMM: (b, num_tokens, 3 * d_model)
+        queries, keys, values = qkv.split(d_model, dim=-1)  # views, each (b, N, d_model)
+        context_vec = F.scaled_dot_product_attention(
+            _split_heads(queries, num_heads), _split_heads(keys, num_heads),
+            _split_heads(values, num_heads), is_causal=True,
+        )  # (b, num_heads, num_tokens, head_dim)
+        # reshape copies (the transposed tensor is not contiguous), as in attnlib.
+        context_vec = context_vec.transpose(1, 2).reshape(b, num_tokens, d_model)
+        return F.linear(context_vec, w.w_o, w.b_o)
+
+    params = tuple(t for t in (w_qkv, b_qkv, w.w_o, w.b_o) if t is not None)
+    return Contestant(
+        "bare_kernels", "1 fused F.linear (packed QKV) + scaled_dot_product_attention("
+        "is_causal=True) + F.linear", bare_kernels, _leaf, params)
+
+
+def _kernel_inputs(w: _Weights) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]:
+    """``make_inputs`` of the attention-only contestants: projected q, k, v as leaves."""
+
+    def sdpa_inputs(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        with torch.no_grad():
+            projected = (F.linear(x, weight, bias)
+                         for weight, bias in ((w.w_q, w.b_q), (w.w_k, w.b_k), (w.w_v, w.b_v)))
+            return tuple(p.detach().requires_grad_(True) for p in projected)
+
+    return sdpa_inputs
+
+
+def _sdpa_only(w: _Weights, num_heads: int) -> Contestant:
+    def sdpa_only(queries: torch.Tensor, keys: torch.Tensor,
+                  values: torch.Tensor) -> torch.Tensor:
+        q, k, v = (_split_heads(t, num_heads) for t in (queries, keys, values))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    return Contestant(
+        "sdpa_only", "F.scaled_dot_product_attention(is_causal=True) on projected q, k, v",
+        sdpa_only, _kernel_inputs(w), (), full_layer=False)
+
+
+def _flash_only(w: _Weights, num_heads: int) -> Contestant:
+    def flash_only(queries: torch.Tensor, keys: torch.Tensor,
+                   values: torch.Tensor) -> torch.Tensor:
+        q, k, v = (_split_heads(t, num_heads) for t in (queries, keys, values))
+        return flash_attention(q, k, v, is_causal=True)
+
+    return Contestant(
+        "flash_only", "attnlib.functional.flash_attention(is_causal=True) on projected q, k, v "
+        f"(block_size={DEFAULT_BLOCK_SIZE})", flash_only, _kernel_inputs(w), (),
+        full_layer=False)
 
 
 def make_contestants(
@@ -169,132 +322,27 @@ def make_contestants(
     Source: GPT-2 small's attention size: Radford et al. (2019), "Language
     Models are Unsupervised Multitask Learners", Table 2.
     """
-    from .. import attention
-    from ..device import get_device
-
     _check_heads(d_model, num_heads)
     _check_positive_int("context_length", context_length)
-    if isinstance(names, str):
-        raise TypeError(f"names must be a sequence of names, not the string {names!r}")
-    names = tuple(names)
-    if not names:
-        raise ValueError("names must name at least one contestant, got none")
-    for name in names:
-        if name not in CONTESTANTS:
-            raise ValueError(f"unknown contestant {name!r}; expected one of {CONTESTANTS}")
-    if not isinstance(qkv_bias, bool):
-        raise TypeError(f"qkv_bias must be a bool, got {type(qkv_bias).__name__}")
+    wanted = _check_names(names)
+    _check_bool("qkv_bias", qkv_bias)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
     device = torch.device(device) if device is not None else get_device()
-    head_dim = d_model // num_heads
 
     torch.manual_seed(seed)
-    mha = attention.MultiHeadAttention(
-        d_model, d_model, context_length, 0.0, num_heads, qkv_bias=qkv_bias
-    )
+    mha = MultiHeadAttention(d_model, d_model, context_length, 0.0, num_heads, qkv_bias=qkv_bias)
     mha = mha.to(device=device, dtype=dtype).eval()
-
-    def copy(t: torch.Tensor | None) -> torch.Tensor | None:
-        return None if t is None else t.detach().clone().requires_grad_(True)
-
-    w_q, w_k, w_v = (copy(m.weight) for m in (mha.W_query, mha.W_key, mha.W_value))
-    b_q, b_k, b_v = (copy(m.bias) for m in (mha.W_query, mha.W_key, mha.W_value))
-    w_o, b_o = copy(mha.out_proj.weight), copy(mha.out_proj.bias)
-    # The floor's packed projection: one (3 * d_model, d_model) leaf, rows q, k, v.
-    w_qkv = copy(torch.cat([w_q, w_k, w_v], dim=0))
-    b_qkv = copy(torch.cat([b_q, b_k, b_v], dim=0)) if qkv_bias else None
-
-    def bare_kernels(x: torch.Tensor) -> torch.Tensor:
-        b, num_tokens, _ = x.shape
-        qkv = F.linear(x, w_qkv, b_qkv)  # ONE GEMM: (b, num_tokens, 3 * d_model)
-        queries, keys, values = qkv.split(d_model, dim=-1)  # views, each (b, N, d_model)
-        queries = queries.view(b, num_tokens, num_heads, head_dim).transpose(1, 2)
-        # queries: (b, num_heads, num_tokens, head_dim)
-        keys = keys.view(b, num_tokens, num_heads, head_dim).transpose(1, 2)
-        # keys: (b, num_heads, num_tokens, head_dim)
-        values = values.view(b, num_tokens, num_heads, head_dim).transpose(1, 2)
-        # values: (b, num_heads, num_tokens, head_dim)
-        context_vec = F.scaled_dot_product_attention(queries, keys, values, is_causal=True)
-        # reshape copies (the transposed tensor is not contiguous), as in attnlib.
-        context_vec = context_vec.transpose(1, 2).reshape(b, num_tokens, d_model)
-        # context_vec: (b, num_tokens, d_model)
-        return F.linear(context_vec, w_o, b_o)
-
-    def sdpa_only(queries, keys, values) -> torch.Tensor:
-        b, num_tokens, _ = queries.shape
-        queries = queries.view(b, num_tokens, num_heads, head_dim).transpose(1, 2)
-        # queries: (b, num_heads, num_tokens, head_dim)
-        keys = keys.view(b, num_tokens, num_heads, head_dim).transpose(1, 2)
-        # keys: (b, num_heads, num_tokens, head_dim)
-        values = values.view(b, num_tokens, num_heads, head_dim).transpose(1, 2)
-        # values: (b, num_heads, num_tokens, head_dim)
-        return F.scaled_dot_product_attention(queries, keys, values, is_causal=True)
-
-    def flash_only(queries, keys, values) -> torch.Tensor:
-        b, num_tokens, _ = queries.shape
-        heads = (t.view(b, num_tokens, num_heads, head_dim).transpose(1, 2)
-                 for t in (queries, keys, values))  # each (b, num_heads, num_tokens, head_dim)
-        return flash_attention(*heads, is_causal=True)
-
-    def sdpa_inputs(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        with torch.no_grad():
-            projected = (F.linear(x, w, b) for w, b in ((w_q, b_q), (w_k, b_k), (w_v, b_v)))
-            return tuple(p.detach().requires_grad_(True) for p in projected)
-
-    out: dict[str, Contestant] = {}
-    for name in CONTESTANTS:
-        if name not in names:
-            continue
-        if name == "reference":
-            out[name] = Contestant(
-                name, "attnlib.MultiHeadAttention(x, return_weights=True): readable, N x N weights",
-                lambda x: mha(x, return_weights=True)[0], _leaf, tuple(mha.parameters()))
-        elif name == "attnlib":
-            out[name] = Contestant(
-                name, "attnlib.MultiHeadAttention(x): fast path (scaled_dot_product_attention)",
-                lambda x: mha(x), _leaf, tuple(mha.parameters()))
-        elif name == "torch_mha":
-            torch_mha = torch.nn.MultiheadAttention(
-                d_model, num_heads, dropout=0.0, bias=True, batch_first=True,
-                device=device, dtype=dtype).eval()
-            with torch.no_grad():
-                torch_mha.in_proj_weight.copy_(torch.cat([w_q, w_k, w_v], dim=0))
-                if qkv_bias:
-                    torch_mha.in_proj_bias.copy_(torch.cat([b_q, b_k, b_v], dim=0))
-                else:
-                    torch_mha.in_proj_bias.zero_()
-                torch_mha.out_proj.weight.copy_(w_o)
-                torch_mha.out_proj.bias.copy_(b_o)
-            masks: dict[int, torch.Tensor] = {}
-
-            def torch_fn(x: torch.Tensor, torch_mha=torch_mha, masks=masks) -> torch.Tensor:
-                num_tokens = x.shape[1]
-                if num_tokens not in masks:
-                    # torch.nn.MultiheadAttention's polarity: True = masked out.
-                    masks[num_tokens] = torch.ones(
-                        num_tokens, num_tokens, dtype=torch.bool, device=x.device).triu(1)
-                return torch_mha(x, x, x, attn_mask=masks[num_tokens], is_causal=True,
-                                 need_weights=False)[0]
-
-            out[name] = Contestant(
-                name, "torch.nn.MultiheadAttention(x, x, x, is_causal=True, need_weights=False)",
-                torch_fn, _leaf, tuple(torch_mha.parameters()))
-        elif name == "bare_kernels":
-            params = tuple(t for t in (w_qkv, b_qkv, w_o, b_o) if t is not None)
-            out[name] = Contestant(
-                name, "1 fused F.linear (packed QKV) + scaled_dot_product_attention("
-                "is_causal=True) + F.linear", bare_kernels, _leaf, params)
-        elif name == "sdpa_only":
-            out[name] = Contestant(
-                name, "F.scaled_dot_product_attention(is_causal=True) on projected q, k, v",
-                sdpa_only, sdpa_inputs, (), full_layer=False)
-        else:
-            out[name] = Contestant(
-                name, "attnlib.functional.flash_attention(is_causal=True) on projected q, k, v "
-                f"(block_size={DEFAULT_BLOCK_SIZE})", flash_only, sdpa_inputs, (),
-                full_layer=False)
-    return out
+    weights = _Weights.copy_of(mha)
+    build: dict[str, Callable[[], Contestant]] = {
+        "reference": lambda: _reference(mha),
+        "attnlib": lambda: _attnlib(mha),
+        "torch_mha": lambda: _torch_mha(weights, num_heads, device, dtype),
+        "bare_kernels": lambda: _bare_kernels(weights, num_heads),
+        "sdpa_only": lambda: _sdpa_only(weights, num_heads),
+        "flash_only": lambda: _flash_only(weights, num_heads),
+    }
+    return {name: build[name]() for name in CONTESTANTS if name in wanted}
 
 
 def check_agreement(
@@ -322,7 +370,7 @@ def check_agreement(
         RuntimeError: two contestants disagree (the message names them).
     """
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        raise TypeError(f"x must be a torch.Tensor, got {type_name(x)}")
     if x.ndim != 3:
         raise ValueError(f"x must be (batch, num_tokens, d_model), got shape {tuple(x.shape)}")
     first_name, first = None, None

@@ -9,15 +9,20 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
-from ._timing import _sync
+from .._validation import type_name
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 @contextlib.contextmanager
-def _quiet_stderr():
+def _quiet_stderr() -> Iterator[None]:
     """Silence file descriptor 2 (the profiler's C++ start/stop lines)."""
     try:
         sys.stderr.flush()
@@ -55,7 +60,7 @@ def peak_memory_bytes(fn: Callable[[], object], device: torch.device | str) -> i
         TypeError: ``fn`` is not callable.
     """
     if not callable(fn):
-        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+        raise TypeError(f"fn must be callable, got {type_name(fn)}")
     device = torch.device(device)
     if device.type == "cuda":
         _sync(device)

@@ -5,13 +5,13 @@ Import from :mod:`attnlib.bench`.
 
 from __future__ import annotations
 
-
+from typing import Any
 
 from ._memory import _fmt_bytes
 from ._sweeps import _KERNELS
 
 
-def format_sweeps(memory: dict | None, kernel: dict | None) -> str:
+def format_sweeps(memory: dict[str, Any] | None, kernel: dict[str, Any] | None) -> str:
     """The memory sweep and the kernel timing as text tables with verdict lines.
 
     Args:
@@ -65,7 +65,7 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def format_table(result: dict) -> str:
+def format_table(result: dict[str, Any]) -> str:
     """Format :func:`run_benchmark`'s result as a text table and verdict lines.
 
     Args:

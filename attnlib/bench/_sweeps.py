@@ -6,6 +6,7 @@ and ``flash_attention``'s time per block size against torch's fused kernel
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -13,39 +14,29 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from typing import Any
+
 from .._validation import check_positive_int as _check_positive_int
+from ..device import get_device
 from ..flash import DEFAULT_BLOCK_SIZE, flash_attention
-from . import (
-    MEMORY_SWEEP_SEQ_LENS,
-    TARGET_FLASH_MEMORY_BYTES,
-    TARGET_FLASH_VS_SDPA,
-    TARGET_REFERENCE_MEMORY_BYTES,
-)
+from ..functional import scaled_dot_product_attention as _readable
+from . import _constants
+from ._benchmark import _check_seq_lens
+from ._constants import MEMORY_SWEEP_SEQ_LENS
 from ._contestants import Contestant
 from ._memory import _fmt_bytes, peak_memory_bytes
-from ._timing import _make_step, _quantiles, _time_prepared
+from ._timing import _check_warmup, _prepared, _quantiles, _time_prepared
 
 
 _KERNELS = ("reference", "sdpa", "flash_attention")
 
 
-def _attention_inputs(batch, num_heads, num_tokens, head_dim, device, dtype, seed):
+def _attention_inputs(batch: int, num_heads: int, num_tokens: int, head_dim: int,
+                      device: torch.device, dtype: torch.dtype,
+                      seed: int) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator(device="cpu").manual_seed(seed)
     shape = (batch, num_heads, num_tokens, head_dim)
     return tuple(torch.randn(shape, generator=gen).to(device, dtype) for _ in range(3))
-
-
-def _check_seq_lens(seq_lens: object, name: str = "seq_lens") -> list[int]:
-    if isinstance(seq_lens, (str, int)) or not isinstance(seq_lens, Sequence):
-        raise TypeError(f"{name} must be a sequence of ints, got {seq_lens!r}")
-    if not seq_lens:
-        raise ValueError(f"{name} must hold at least one sequence length, got none")
-    for n in seq_lens:
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise TypeError(f"each seq_len must be an int, got {n!r}")
-        if n <= 0:
-            raise ValueError(f"seq_len={n} must be a positive number of tokens")
-    return sorted(set(seq_lens))
 
 
 def loglog_slope(xs: Sequence[float], ys: Sequence[float | None]) -> float | None:
@@ -87,7 +78,7 @@ def run_memory_sweep(
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
     log: Callable[[str], None] | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Peak memory of one attention call against the number of tokens N.
 
     For each N, queries, keys and values ``(1, num_heads, N, head_dim)`` are
@@ -139,82 +130,27 @@ def run_memory_sweep(
     Raises:
         TypeError, ValueError: a sequence length or size is not a positive int.
     """
-    from ..device import get_device
-    from ..functional import scaled_dot_product_attention as readable
-
-    seq_lens = _check_seq_lens(seq_lens)
+    seq_lens = sorted(_check_seq_lens(seq_lens))
     for name, value in (("num_heads", num_heads), ("head_dim", head_dim),
                         ("block_size", block_size),
                         ("max_reference_tokens", max_reference_tokens)):
         _check_positive_int(name, value)
     device = torch.device(device) if device is not None else get_device()
     element_size = torch.empty((), dtype=dtype).element_size()
-    calls = {
-        "reference": lambda q, k, v: readable(q, k, v, is_causal=is_causal, return_weights=True),
-        "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=is_causal),
-        "flash_attention": lambda q, k, v: flash_attention(q, k, v, is_causal=is_causal,
-                                                           block_size=block_size),
-    }
+    calls = _memory_calls(is_causal, block_size)
     records = []
     for num_tokens in seq_lens:
-        q, k, v = _attention_inputs(1, num_heads, num_tokens, head_dim, device, dtype,
-                                    seed + num_tokens)
-        record = {
-            "seq_len": num_tokens,
-            "input_bytes": 3 * q.numel() * element_size,
-            "predicted_scores_weights_bytes": 2 * num_heads * num_tokens**2 * element_size,
-        }
-        with torch.inference_mode():
-            for name, call in calls.items():
-                if name == "reference" and num_tokens > max_reference_tokens:
-                    record["reference_peak_bytes"] = None
-                    continue
-                record[f"{name}_peak_bytes"] = peak_memory_bytes(
-                    lambda call=call, q=q, k=k, v=v: call(q, k, v), device)
+        qkv = _attention_inputs(1, num_heads, num_tokens, head_dim, device, dtype,
+                                seed + num_tokens)
+        record = _memory_record(calls, qkv, device,
+                                run_reference=num_tokens <= max_reference_tokens)
         records.append(record)
         if log is not None:
             parts = ", ".join(f"{name} {_fmt_bytes(record[f'{name}_peak_bytes'])}"
                               for name in _KERNELS)
             log(f"memory N={num_tokens}: {parts}")
-
-    measured = [r for r in records if r["reference_peak_bytes"] is not None]
-    reference_slope = loglog_slope([r["seq_len"] for r in measured],
-                                   [r["reference_peak_bytes"] for r in measured])
-    fit = None
-    if reference_slope is not None:
-        # log2(peak) = log2_coefficient + exponent * log2(N), fitted on the measured points.
-        mean_x = sum(math.log2(r["seq_len"]) for r in measured) / len(measured)
-        mean_y = sum(math.log2(r["reference_peak_bytes"]) for r in measured) / len(measured)
-        fit = {"exponent": reference_slope, "log2_coefficient": mean_y - reference_slope * mean_x}
-    for r in records:
-        r["reference_extrapolated_bytes"] = (
-            2 ** (fit["log2_coefficient"] + fit["exponent"] * math.log2(r["seq_len"]))
-            if fit is not None and r["reference_peak_bytes"] is None else None)
-    upper = records[len(records) // 2:] if len(records) > 2 else records
-    slopes = {
-        "reference": reference_slope,
-        "sdpa": loglog_slope([r["seq_len"] for r in upper], [r["sdpa_peak_bytes"] for r in upper]),
-        "flash_attention": loglog_slope([r["seq_len"] for r in upper],
-                                        [r["flash_attention_peak_bytes"] for r in upper]),
-        "upper_seq_lens": [r["seq_len"] for r in upper],
-    }
-    last = records[-1]
-    verdicts = [
-        {"target": "reference_scores_weights_over_1_GiB", "seq_len": last["seq_len"],
-         "value": last["predicted_scores_weights_bytes"],
-         "threshold": TARGET_REFERENCE_MEMORY_BYTES,
-         "passed": last["predicted_scores_weights_bytes"] > TARGET_REFERENCE_MEMORY_BYTES},
-        {"target": "flash_attention_peak_under_128_MiB", "seq_len": last["seq_len"],
-         "value": last["flash_attention_peak_bytes"], "threshold": TARGET_FLASH_MEMORY_BYTES,
-         "passed": last["flash_attention_peak_bytes"] is not None
-         and last["flash_attention_peak_bytes"] < TARGET_FLASH_MEMORY_BYTES},
-        {"target": "reference_slope_near_2", "seq_len": None, "value": slopes["reference"],
-         "threshold": [1.8, 2.2], "passed": slopes["reference"] is not None
-         and 1.8 <= slopes["reference"] <= 2.2},
-        {"target": "flash_attention_slope_at_most_1.2", "seq_len": None,
-         "value": slopes["flash_attention"], "threshold": 1.2,
-         "passed": slopes["flash_attention"] is not None and slopes["flash_attention"] <= 1.2},
-    ]
+    fit = _extrapolate_reference(records)
+    slopes = _memory_slopes(records, fit)
     return {
         "metadata": {
             "device": str(device), "dtype": str(dtype).removeprefix("torch."),
@@ -226,8 +162,96 @@ def run_memory_sweep(
         "records": records,
         "slopes": slopes,
         "reference_fit": fit,
-        "verdicts": verdicts,
+        "verdicts": _memory_verdicts(records[-1], slopes),
     }
+
+
+def _memory_record(calls: dict[str, Callable[..., object]], qkv: tuple[torch.Tensor, ...],
+                   device: torch.device, *, run_reference: bool) -> dict[str, Any]:
+    """One N of the memory sweep: its sizes and each kernel's peak (see run_memory_sweep)."""
+    _, num_heads, num_tokens, _ = qkv[0].shape
+    element_size = qkv[0].element_size()
+    record: dict[str, Any] = {
+        "seq_len": num_tokens,
+        "input_bytes": sum(t.numel() for t in qkv) * element_size,
+        "predicted_scores_weights_bytes": 2 * num_heads * num_tokens**2 * element_size,
+    }
+    with torch.inference_mode():
+        for name, call in calls.items():
+            if name == "reference" and not run_reference:
+                record["reference_peak_bytes"] = None
+                continue
+            record[f"{name}_peak_bytes"] = peak_memory_bytes(
+                functools.partial(call, *qkv), device)
+    return record
+
+
+def _memory_calls(is_causal: bool,
+                  block_size: int) -> dict[str, Callable[..., object]]:
+    """The three kernels of the memory sweep, each called as ``call(q, k, v)``."""
+
+    def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> object:
+        return _readable(q, k, v, is_causal=is_causal, return_weights=True)
+
+    def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> object:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
+    def flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> object:
+        return flash_attention(q, k, v, is_causal=is_causal, block_size=block_size)
+
+    return {"reference": reference, "sdpa": sdpa, "flash_attention": flash}
+
+
+def _extrapolate_reference(records: list[dict[str, Any]]) -> dict[str, float] | None:
+    """Fit ``log2(peak) = log2_coefficient + exponent * log2(N)`` to the measured
+    readable-path peaks; fill in ``reference_extrapolated_bytes`` where not measured."""
+    measured = [r for r in records if r["reference_peak_bytes"] is not None]
+    exponent = loglog_slope([r["seq_len"] for r in measured],
+                            [r["reference_peak_bytes"] for r in measured])
+    fit = None
+    if exponent is not None:
+        mean_x = sum(math.log2(r["seq_len"]) for r in measured) / len(measured)
+        mean_y = sum(math.log2(r["reference_peak_bytes"]) for r in measured) / len(measured)
+        fit = {"exponent": exponent, "log2_coefficient": mean_y - exponent * mean_x}
+    for r in records:
+        r["reference_extrapolated_bytes"] = (
+            2 ** (fit["log2_coefficient"] + fit["exponent"] * math.log2(r["seq_len"]))
+            if fit is not None and r["reference_peak_bytes"] is None else None)
+    return fit
+
+
+def _memory_slopes(records: list[dict[str, Any]],
+                   fit: dict[str, float] | None) -> dict[str, Any]:
+    """Log-log slopes: the readable path's fitted exponent; the others over the upper half."""
+    upper = records[len(records) // 2:] if len(records) > 2 else records
+    ns = [r["seq_len"] for r in upper]
+    return {
+        "reference": None if fit is None else fit["exponent"],
+        "sdpa": loglog_slope(ns, [r["sdpa_peak_bytes"] for r in upper]),
+        "flash_attention": loglog_slope(ns, [r["flash_attention_peak_bytes"] for r in upper]),
+        "upper_seq_lens": ns,
+    }
+
+
+def _memory_verdicts(last: dict[str, Any], slopes: dict[str, Any]) -> list[dict[str, Any]]:
+    """The memory sweep's four targets, at its largest N (``last``) and on its slopes."""
+    flash_peak = last["flash_attention_peak_bytes"]
+    reference_slope, flash_slope = slopes["reference"], slopes["flash_attention"]
+    return [
+        {"target": "reference_scores_weights_over_1_GiB", "seq_len": last["seq_len"],
+         "value": last["predicted_scores_weights_bytes"],
+         "threshold": _constants.TARGET_REFERENCE_MEMORY_BYTES,
+         "passed": last["predicted_scores_weights_bytes"]
+         > _constants.TARGET_REFERENCE_MEMORY_BYTES},
+        {"target": "flash_attention_peak_under_128_MiB", "seq_len": last["seq_len"],
+         "value": flash_peak, "threshold": _constants.TARGET_FLASH_MEMORY_BYTES,
+         "passed": flash_peak is not None and flash_peak < _constants.TARGET_FLASH_MEMORY_BYTES},
+        {"target": "reference_slope_near_2", "seq_len": None, "value": reference_slope,
+         "threshold": [1.8, 2.2],
+         "passed": reference_slope is not None and 1.8 <= reference_slope <= 2.2},
+        {"target": "flash_attention_slope_at_most_1.2", "seq_len": None, "value": flash_slope,
+         "threshold": 1.2, "passed": flash_slope is not None and flash_slope <= 1.2},
+    ]
 
 
 def run_kernel_timing(
@@ -243,7 +267,7 @@ def run_kernel_timing(
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
-) -> dict:
+) -> dict[str, Any]:
     """Time :func:`attnlib.functional.flash_attention` against torch's fused kernel.
 
     Queries, keys and values are ``(batch, num_heads, num_tokens, head_dim)``;
@@ -279,53 +303,20 @@ def run_kernel_timing(
             positive int, or ``block_sizes`` is empty.
         RuntimeError: flash_attention and torch's kernel disagree.
     """
-    from ..device import get_device
-
     for name, value in (("num_tokens", num_tokens), ("num_heads", num_heads),
                         ("head_dim", head_dim), ("batch", batch), ("reps", reps)):
         _check_positive_int(name, value)
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be a non-negative int, got warmup={warmup!r}")
+    warmup = _check_warmup(warmup)
     if isinstance(block_sizes, (str, int)) or not block_sizes:
         raise ValueError(f"block_sizes must be a non-empty sequence of ints, got {block_sizes!r}")
     block_sizes = [_check_positive_int("block_size", b) for b in block_sizes]
     device = torch.device(device) if device is not None else get_device()
     q, k, v = _attention_inputs(batch, num_heads, num_tokens, head_dim, device, dtype, seed)
-
-    def sdpa(q, k, v):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
-
-    built = {"sdpa": Contestant("sdpa", "F.scaled_dot_product_attention", sdpa,
-                                lambda x: (q, k, v), (), full_layer=False)}
-    for b in block_sizes:
-        def flash(q, k, v, b=b):
-            return flash_attention(q, k, v, is_causal=is_causal, block_size=b)
-        built[f"flash_attention_b{b}"] = Contestant(
-            f"flash_attention_b{b}", f"flash_attention(block_size={b})", flash,
-            lambda x: (q, k, v), (), full_layer=False)
-    with torch.inference_mode():
-        check = tuple(t[..., :256, :] for t in (q, k, v))
-        expected = sdpa(*check)
-        for name, c in built.items():
-            try:
-                torch.testing.assert_close(c.fn(*check), expected, rtol=1e-3, atol=1e-4)
-            except AssertionError as exc:
-                raise RuntimeError(f"{name} and sdpa disagree: {exc}") from None
-    prepared = {name: (c, (q, k, v), _make_step(c, (q, k, v), "forward", None))
-                for name, c in built.items()}
-    times = _time_prepared(prepared, device, reps, warmup)
-    medians = {name: _quantiles(t)[1] for name, t in times.items()}
-    records = []
-    for name, t in times.items():
-        q1, median, q3 = _quantiles(t)
-        records.append({
-            "contestant": "sdpa" if name == "sdpa" else "flash_attention",
-            "block_size": None if name == "sdpa" else int(name.rsplit("_b", 1)[1]),
-            "median_ms": median * 1e3, "q1_ms": q1 * 1e3, "q3_ms": q3 * 1e3,
-            "times_ms": [x * 1e3 for x in t], "time_vs_sdpa": median / medians["sdpa"],
-        })
-    flash_records = [r for r in records if r["contestant"] == "flash_attention"]
-    best = min(flash_records, key=lambda r: r["median_ms"])
+    built = _kernel_contestants((q, k, v), is_causal, block_sizes)
+    prepared = {name: _prepared(c, (q, k, v), "forward", None) for name, c in built.items()}
+    records = _kernel_records(_time_prepared(prepared, reps, warmup))
+    best = min((r for r in records if r["contestant"] == "flash_attention"),
+               key=lambda r: r["median_ms"])
     return {
         "metadata": {"device": str(device), "dtype": str(dtype).removeprefix("torch."),
                      "batch": batch, "num_heads": num_heads, "num_tokens": num_tokens,
@@ -335,12 +326,59 @@ def run_kernel_timing(
         "records": records,
         "best_block_size": best["block_size"],
         "verdicts": [{"target": "flash_attention_vs_sdpa", "seq_len": num_tokens,
-                      "value": best["time_vs_sdpa"], "threshold": TARGET_FLASH_VS_SDPA,
-                      "passed": best["time_vs_sdpa"] <= TARGET_FLASH_VS_SDPA}],
+                      "value": best["time_vs_sdpa"], "threshold": _constants.TARGET_FLASH_VS_SDPA,
+                      "passed": best["time_vs_sdpa"] <= _constants.TARGET_FLASH_VS_SDPA}],
     }
 
 
-def plot_memory_sweep(sweep: dict, path: str | os.PathLike) -> str:
+def _kernel_contestants(qkv: tuple[torch.Tensor, ...], is_causal: bool,
+                        block_sizes: list[int]) -> dict[str, Contestant]:
+    """torch's kernel (``sdpa``) and one ``flash_attention`` per block size, checked to
+    agree on the first 256 tokens of ``qkv``."""
+
+    def inputs(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return qkv
+
+    def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
+    built = {"sdpa": Contestant("sdpa", "F.scaled_dot_product_attention", sdpa, inputs, (),
+                                full_layer=False)}
+    for b in block_sizes:
+        def flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  b: int = b) -> torch.Tensor:
+            return flash_attention(q, k, v, is_causal=is_causal, block_size=b)
+
+        built[f"flash_attention_b{b}"] = Contestant(
+            f"flash_attention_b{b}", f"flash_attention(block_size={b})", flash, inputs, (),
+            full_layer=False)
+    with torch.inference_mode():
+        check = tuple(t[..., :256, :] for t in qkv)
+        expected = sdpa(*check)
+        for name, c in built.items():
+            try:
+                torch.testing.assert_close(c.fn(*check), expected, rtol=1e-3, atol=1e-4)
+            except AssertionError as exc:
+                raise RuntimeError(f"{name} and sdpa disagree: {exc}") from None
+    return built
+
+
+def _kernel_records(times: dict[str, list[float]]) -> list[dict[str, Any]]:
+    """One record per kernel contestant (see :func:`run_kernel_timing`)."""
+    sdpa_median = _quantiles(times["sdpa"])[1]
+    records = []
+    for name, t in times.items():
+        q1, median, q3 = _quantiles(t)
+        records.append({
+            "contestant": "sdpa" if name == "sdpa" else "flash_attention",
+            "block_size": None if name == "sdpa" else int(name.rsplit("_b", 1)[1]),
+            "median_ms": median * 1e3, "q1_ms": q1 * 1e3, "q3_ms": q3 * 1e3,
+            "times_ms": [x * 1e3 for x in t], "time_vs_sdpa": median / sdpa_median,
+        })
+    return records
+
+
+def plot_memory_sweep(sweep: dict[str, Any], path: str | os.PathLike[str]) -> str:
     """Draw :func:`run_memory_sweep`'s result as a log-log plot and save it.
 
     Lines: the readable path (measured, then extrapolated dashed), its
@@ -364,8 +402,8 @@ def plot_memory_sweep(sweep: dict, path: str | os.PathLike) -> str:
     ns = [r["seq_len"] for r in records]
     mib = 2.0**20
 
-    def series(key):
-        return [None if r[key] is None else r[key] / mib for r in records]
+    def series(key: str) -> list[float]:  # NaN where not measured: a gap in the line
+        return [math.nan if r[key] is None else r[key] / mib for r in records]
 
     with plt.style.context("attnlib.book"):
         fig, ax = plt.subplots(figsize=(7.2, 4.5), dpi=100)

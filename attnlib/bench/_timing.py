@@ -1,30 +1,36 @@
-"""Timing contestants: ``warmup`` untimed and ``reps`` timed repetitions,
-interleaved round-robin with a rotating order, garbage collector off, with
-:func:`torch.cuda.synchronize` around each call on CUDA
+"""Timing contestants with :class:`torch.utils.benchmark.Timer`, one call per
+contestant per repetition, interleaved round-robin with a rotating order
 (:func:`time_contestants`). Import from :mod:`attnlib.bench`.
 """
 
 from __future__ import annotations
 
-import gc
 import statistics
-import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
+from torch.utils import benchmark
 
+from .._validation import check_int as _check_int
 from .._validation import check_positive_int as _check_positive_int
-from . import MODES
+from .._validation import type_name
+from ._constants import MODES
 from ._contestants import Contestant
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+@dataclass(frozen=True)
+class _Prepared:
+    """A contestant's call to time (``step``), its gradient reset and its Timer."""
+
+    contestant: Contestant
+    step: Callable[[], None]
+    clear_grads: Callable[[], None]
+    timer: benchmark.Timer
 
 
 def _make_step(contestant: Contestant, inputs: tuple[torch.Tensor, ...], mode: str,
-               grad_output: torch.Tensor) -> Callable[[], None]:
+               grad_output: torch.Tensor | None) -> Callable[[], None]:
     if mode == "forward":
         def step() -> None:
             with torch.inference_mode():
@@ -35,9 +41,20 @@ def _make_step(contestant: Contestant, inputs: tuple[torch.Tensor, ...], mode: s
     return step
 
 
-def _clear_grads(contestant: Contestant, inputs: tuple[torch.Tensor, ...]) -> None:
-    for t in (*contestant.params, *inputs):
-        t.grad = None
+def _prepared(contestant: Contestant, inputs: tuple[torch.Tensor, ...], mode: str,
+              grad_output: torch.Tensor | None) -> _Prepared:
+    step = _make_step(contestant, inputs, mode, grad_output)
+
+    def clear_grads() -> None:  # the Timer's setup: runs before each timed call, untimed
+        for t in (*contestant.params, *inputs):
+            t.grad = None
+
+    timer = benchmark.Timer(
+        stmt="step()", setup="clear_grads()",
+        globals={"step": step, "clear_grads": clear_grads},
+        num_threads=torch.get_num_threads(), description=contestant.name,
+    )
+    return _Prepared(contestant, step, clear_grads, timer)
 
 
 def _check_mode(mode: object) -> None:
@@ -45,7 +62,13 @@ def _check_mode(mode: object) -> None:
         raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
 
 
-def _prepare(contestants: dict[str, Contestant], x: torch.Tensor, mode: str, seed: int):
+def _check_warmup(warmup: object) -> int:
+    return _check_int("warmup", warmup, minimum=0)
+
+
+def _prepare(contestants: dict[str, Contestant], x: torch.Tensor, mode: str,
+             seed: int) -> dict[str, _Prepared]:
+    """Inputs, a fixed random ``grad_output`` (seeded) and a Timer for each contestant."""
     prepared = {}
     gen = torch.Generator(device="cpu").manual_seed(seed)
     for name, c in contestants.items():
@@ -53,8 +76,37 @@ def _prepare(contestants: dict[str, Contestant], x: torch.Tensor, mode: str, see
         with torch.no_grad():
             shape = c.fn(*inputs).shape
         grad_output = torch.randn(shape, generator=gen).to(device=x.device, dtype=x.dtype)
-        prepared[name] = (c, inputs, _make_step(c, inputs, mode, grad_output))
+        prepared[name] = _prepared(c, inputs, mode, grad_output)
     return prepared
+
+
+def _time_prepared(prepared: dict[str, _Prepared], reps: int,
+                   warmup: int) -> dict[str, list[float]]:
+    """``warmup + reps`` round-robin repetitions; each contestant's last ``reps`` times (s).
+
+    ``Timer.blocked_autorange(min_run_time=0)`` runs one untimed warm-up call
+    and then times one call (its smallest block), with the GPU synchronised,
+    the threads fixed and the garbage collector off.
+    """
+    names = list(prepared)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for rep in range(warmup + reps):
+        shift = rep % len(names)
+        for name in names[shift:] + names[:shift]:
+            measurement = prepared[name].timer.blocked_autorange(min_run_time=0.0)
+            if rep >= warmup:
+                times[name].extend(measurement.times)  # one call: one time
+    for p in prepared.values():
+        p.clear_grads()
+    return times
+
+
+def _quantiles(times: list[float]) -> tuple[float, float, float]:
+    """First quartile, median and third quartile (linear interpolation)."""
+    if len(times) == 1:
+        return times[0], times[0], times[0]
+    q1, median, q3 = statistics.quantiles(times, n=4, method="inclusive")
+    return q1, median, q3
 
 
 def time_contestants(
@@ -67,10 +119,12 @@ def time_contestants(
 ) -> dict[str, list[float]]:
     """Time the contestants on one input, interleaved round-robin.
 
-    Each of the ``warmup + reps`` repetitions calls every contestant once, in
-    an order that rotates by one place per repetition; only the last ``reps``
-    are kept. Gradients are cleared before each call, outside the timed region;
-    Python's garbage collector is off while timing.
+    Each of the ``warmup + reps`` repetitions times one call of every
+    contestant with :class:`torch.utils.benchmark.Timer`, in an order that
+    rotates by one place per repetition; only the last ``reps`` are kept.
+    Each timed call follows an untimed one of the same contestant; gradients
+    are cleared before each call, outside the timed region; Python's garbage
+    collector is off while timing.
 
     Args:
         contestants: from :func:`make_contestants`.
@@ -91,47 +145,10 @@ def time_contestants(
     """
     _check_mode(mode)
     _check_positive_int("reps", reps)
-    if isinstance(warmup, bool) or not isinstance(warmup, int):
-        raise TypeError(f"warmup must be an int, got {type(warmup).__name__}")
-    if warmup < 0:
-        raise ValueError(f"warmup must be >= 0, got warmup={warmup}")
+    _check_warmup(warmup)
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        raise TypeError(f"x must be a torch.Tensor, got {type_name(x)}")
     if x.ndim != 3:
         raise ValueError(f"x must be (batch, num_tokens, d_model), got shape {tuple(x.shape)}")
     prepared = _prepare(contestants, x, mode, seed=1)
-    return _time_prepared(prepared, x.device, reps, warmup)
-
-
-def _time_prepared(prepared, device: torch.device, reps: int, warmup: int):
-    names = list(prepared)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    gc_was_enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        for rep in range(warmup + reps):
-            shift = rep % len(names)
-            for name in names[shift:] + names[:shift]:
-                c, inputs, step = prepared[name]
-                _clear_grads(c, inputs)
-                _sync(device)
-                start = time.perf_counter()
-                step()
-                _sync(device)
-                elapsed = time.perf_counter() - start
-                if rep >= warmup:
-                    times[name].append(elapsed)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    for c, inputs, _ in prepared.values():
-        _clear_grads(c, inputs)
-    return times
-
-
-def _quantiles(times: list[float]) -> tuple[float, float, float]:
-    if len(times) == 1:
-        return times[0], times[0], times[0]
-    q1, median, q3 = statistics.quantiles(times, n=4, method="inclusive")
-    return q1, median, q3
+    return _time_prepared(prepared, reps, warmup)

@@ -1,0 +1,233 @@
+"""Plumbing of the attention modules that no chapter prints (private).
+
+:mod:`attnlib.attention`, :mod:`attnlib.multihead` and :mod:`attnlib.gqa`
+import these helpers from here, below all three of them, so that none of
+those modules imports another for a helper:
+
+* :func:`_register_causal_mask`: the bool ``mask`` buffer and its loading rule;
+* :func:`_pack_qkv` and :func:`_fused_qkv_projection`: the query, key and value
+  projections as ONE matrix product (the fast path);
+* :func:`_num_cached`: how many tokens a KV cache holds, checked before any
+  computation;
+* :func:`_sdpa_shared_kv`: torch's fused attention with fewer key/value heads
+  than query heads.
+
+The names keep their leading underscore (no module outside attnlib imports
+them), which is also how the chapters' printed code shows them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ._validation import type_name
+from .functional import causal_mask
+from .kv_cache import KVCache
+
+
+
+def _register_causal_mask(module: nn.Module, context_length: int) -> None:
+    """Give ``module`` a bool ``mask`` buffer (True = may attend) that survives loading.
+
+    The buffer is persistent, so state_dict keys match the reference
+    implementation's (Raschka 2024, ch. 3, which also calls it ``mask``). That
+    reference stores a *float* mask that is 1 where attention is **blocked**;
+    copied into a bool buffer it would flip the mask. The mask is fully
+    determined by ``context_length``, so loading keeps the module's own mask:
+    an incoming ``mask`` of the right shape is replaced by it (a wrong shape
+    still fails with torch's usual size-mismatch error).
+    """
+    module.register_buffer("mask", causal_mask(context_length), persistent=True)
+    module.register_load_state_dict_pre_hook(_keep_own_mask)
+
+
+def _keep_own_mask(
+    module: nn.Module,
+    state_dict: dict[str, object],
+    prefix: str,
+    local_metadata: dict[str, object],
+    strict: bool,
+    missing_keys: list[str],
+    unexpected_keys: list[str],
+    error_msgs: list[str],
+) -> None:
+    # ``load_state_dict`` hands hooks its own shallow copy of the caller's dict,
+    # so replacing an entry here does not change the caller's state_dict.
+    key = prefix + "mask"
+    incoming = state_dict.get(key)
+    own = module.get_buffer("mask")
+    if isinstance(incoming, torch.Tensor) and incoming.shape == own.shape:
+        state_dict[key] = own
+
+
+def _pack_qkv(W_query: nn.Linear, W_key: nn.Linear, W_value: nn.Linear) -> None:
+    """Store the three weights (and biases) side by side in one tensor each.
+
+    Each parameter stays its own ``nn.Parameter`` (same object, same values,
+    same ``state_dict`` key, its own gradient); only its storage becomes a
+    slice of a shared ``(d_q + 2 * d_kv, d_in)`` tensor, so that
+    :func:`_fused_qkv_projection` can read the stacked weight without copying
+    it. ``.to()``, ``.double()`` and the like give parameters new storage;
+    :class:`attnlib.GroupedQueryAttention` (and so
+    :class:`attnlib.MultiHeadAttention`) calls this again after them, in its
+    ``_apply``.
+
+    Why not simply ``torch.cat`` the three weights on every call, as the
+    path with gradients does? Because the copy is not free: for GPT-2 small's
+    three ``768 x 768`` float32 weights it takes about 0.3 ms on the course's
+    2-core CPU, about as long as the whole layer takes for one token. Measured on
+    one :class:`attnlib.MultiHeadAttention` (``qkv_bias=True``, forward
+    without gradients, one thread, torch 2.13), the no-copy view against the
+    same module with ``torch.cat`` per call, interleaved call by call (median
+    of 60; the ratio is the median of the per-repetition ratios, with its
+    quartiles)::
+
+        N      no copy   torch.cat   torch.cat / no copy
+        1      0.34 ms    0.67 ms    1.89  [1.57, 2.55]
+        16     1.36 ms    1.77 ms    1.30  [1.20, 1.36]
+        64     4.25 ms    4.58 ms    1.11  [1.08, 1.15]
+        256    15.9 ms    16.5 ms    1.04  [1.03, 1.05]
+        1024   80.1 ms    85.9 ms    1.07  [1.01, 1.09]
+
+    ``python -m attnlib.bench --threads 1 --modes forward --contestants
+    attnlib bare_kernels --seq-lens 64 256 1024 --reps 30`` agrees: attnlib's
+    paired time over the bare kernels' (which pack their weight once) is
+    1.02, 1.00 and 1.01 with the view, 1.12-1.14, 1.03-1.05 and 1.01-1.02
+    with ``torch.cat`` (two runs each), against the benchmark's target of
+    1.03. Decoding one token at a time with a KV cache (chapter 9) is where
+    the copy would hurt most.
+    """
+    layers = (W_query, W_key, W_value)
+    for name in ("weight", "bias"):
+        params = [getattr(layer, name) for layer in layers]
+        if any(p is None for p in params):
+            continue
+        with torch.no_grad():
+            packed = torch.cat([p.detach() for p in params], dim=0)  # (d_q + 2 * d_kv, ...)
+        start = 0
+        for p in params:
+            p.data = packed[start : start + p.shape[0]]  # same Parameter, new storage
+            start += p.shape[0]
+
+
+def _stacked_view(params: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """``torch.cat(params)`` as a view, if they lie side by side in one storage; else None."""
+    first = params[0]
+    storage, offset = first.untyped_storage().data_ptr(), first.storage_offset()
+    for p in params:
+        if (
+            p.dtype != first.dtype
+            or not p.is_contiguous()
+            or p.untyped_storage().data_ptr() != storage
+            or p.storage_offset() != offset
+        ):
+            return None
+        offset += p.numel()
+    shape = (sum(p.shape[0] for p in params), *first.shape[1:])
+    strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))  # contiguous
+    return first.as_strided(shape, strides, first.storage_offset())
+
+
+def _fused_qkv_projection(
+    x: torch.Tensor, W_query: nn.Linear, W_key: nn.Linear, W_value: nn.Linear
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Queries, keys and values of ``x`` from ONE matrix multiplication.
+
+    The three weights are stacked into one ``(d_q + 2 * d_kv, d_in)`` matrix
+    (and the biases into one vector) and applied with a single
+    :func:`torch.nn.functional.linear`: one large GEMM instead of three
+    smaller ones. When gradients are needed the stacking is ``torch.cat``,
+    which is differentiable, so each of ``W_query``, ``W_key`` and ``W_value``
+    receives its own gradient. Without gradients (``torch.no_grad``,
+    inference mode, frozen weights) the stack is read in place from the
+    storage that :func:`_pack_qkv` gave the three parameters, with no copy
+    (its docstring has the numbers); either way the current values of the
+    parameters are used.
+
+    Returns:
+        ``(queries, keys, values)``: ``(..., num_tokens, d_q)``,
+        ``(..., num_tokens, d_kv)``, ``(..., num_tokens, d_kv)``; views into
+        the one projected tensor.
+    """
+    layers = (W_query, W_key, W_value)
+    needs_grad = torch.is_grad_enabled() and any(
+        p.requires_grad for layer in layers for p in layer.parameters()
+    )
+    weights: list[torch.Tensor] = [layer.weight for layer in layers]
+    weight = None if needs_grad else _stacked_view(weights)
+    if weight is None:
+        weight = torch.cat(weights, dim=0)
+    # weight: (d_q + 2 * d_kv, d_in)
+    bias = None
+    if W_query.bias is not None:
+        biases: list[torch.Tensor] = [layer.bias for layer in layers]
+        bias = None if needs_grad else _stacked_view(biases)
+        if bias is None:
+            bias = torch.cat(biases, dim=0)  # (d_q + 2 * d_kv,)
+    qkv = F.linear(x, weight, bias)  # (..., num_tokens, d_q + 2 * d_kv)
+    sizes = [W_query.out_features, W_key.out_features, W_value.out_features]
+    queries, keys, values = qkv.split(sizes, dim=-1)
+    return queries, keys, values
+
+
+def _num_cached(kv_cache: object, num_tokens: int, context_length: int) -> int:
+    """Tokens already in ``kv_cache`` (0 without one); checks before any computation.
+
+    Raises:
+        TypeError: ``kv_cache`` is neither None nor a :class:`attnlib.KVCache`.
+        ValueError: the cached and the new tokens together exceed ``context_length``.
+    """
+    if kv_cache is None:
+        return 0
+    if not isinstance(kv_cache, KVCache):
+        raise TypeError(f"kv_cache must be an attnlib.KVCache or None, got {type_name(kv_cache)}")
+    cached = kv_cache.num_tokens
+    if cached + num_tokens > context_length:
+        raise ValueError(
+            f"the KV cache holds {cached} tokens and x adds num_tokens={num_tokens}: "
+            f"{cached + num_tokens} tokens exceed context_length={context_length}"
+        )
+    return cached
+
+
+#: torch >= 2.5 lets scaled_dot_product_attention share key/value heads itself.
+_SDPA_HAS_ENABLE_GQA = torch.torch_version.TorchVersion(torch.__version__) >= "2.5"
+
+
+def _sdpa_shared_kv(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+) -> torch.Tensor:
+    """torch's fused attention with fewer key/value heads than query heads.
+
+    ``queries``: ``(b, num_heads, N_q, head_dim)``; ``keys``, ``values``:
+    ``(b, num_kv_groups, N_kv, head_dim)``, ``num_kv_groups`` dividing
+    ``num_heads``; key/value head ``j`` serves query heads
+    ``j * r ... j * r + r - 1`` (``r = num_heads // num_kv_groups``). Uses
+    ``enable_gqa=True`` where torch has it (>= 2.5, no copies), else
+    ``repeat_interleave``. Returns ``(b, num_heads, N_q, head_dim)``.
+    """
+    if keys.shape[1] == queries.shape[1]:
+        return F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
+        )
+    if _SDPA_HAS_ENABLE_GQA:
+        return F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=attn_mask, dropout_p=dropout_p,
+            is_causal=is_causal, enable_gqa=True,
+        )
+    group_size = queries.shape[1] // keys.shape[1]
+    keys = keys.repeat_interleave(group_size, dim=1)  # (b, num_heads, N_kv, head_dim)
+    values = values.repeat_interleave(group_size, dim=1)  # (b, num_heads, N_kv, head_dim)
+    return F.scaled_dot_product_attention(
+        queries, keys, values, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
+    )
