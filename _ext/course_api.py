@@ -157,7 +157,7 @@ def external_url(target: str) -> str | None:
 
 def documented_name(target: str) -> str | None:
     """Where a re-exported attnlib name is documented: ``attnlib.MultiHeadAttention``
-    is ``attnlib.attention.MultiHeadAttention``, a method follows its class."""
+    is ``attnlib.multihead.MultiHeadAttention``, a method follows its class."""
     if not target.startswith("attnlib."):
         return None
     parts = target.split(".")

@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 
 from ._validation import check_bool, check_dropout, check_positive_int, type_name
-from .attention import MultiHeadAttention
+from .multihead import MultiHeadAttention
 from .gqa import GroupedQueryAttention
 from .kv_cache import KVCache
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding

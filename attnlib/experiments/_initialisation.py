@@ -20,8 +20,12 @@ import torch
 
 from .._validation import check_int, type_name
 from ..attention import SelfAttention_v1, SelfAttention_v2
-from . import INITIALISATIONS, OPTIMIZERS
 from ._common import _DTYPE
+
+# Described where attnlib.experiments re-exports them (the API page reads them there).
+INITIALISATIONS = ("torch.rand", "nn.Linear", "torch.rand - 0.5", "torch.rand / sqrt(d_in)")
+
+OPTIMIZERS = ("adam", "sgd")
 
 __all__ = [
     "INITIALISATIONS",
