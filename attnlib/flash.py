@@ -17,10 +17,13 @@ and Gimelshein (2018) carried over to the weighted sum.
 :func:`flash_attention` is the function to call (also as
 ``attnlib.functional.flash_attention``). Its backward pass recomputes each
 block's weights from the saved log-sum-exp instead of storing them (Dao et al.
-2022, Algorithm 4; Dao 2023, Algorithm 2), so a training step too needs memory
-linear in the number of tokens. :func:`flash_attention_forward` is the bare
-loop; autograd can differentiate it, but then keeps every block's tensors, which
-adds up to the full matrix again.
+2022, Algorithm 4; Dao 2023, section 3.1.1 and Algorithm 2), so a training step
+too needs memory linear in the number of tokens. Unlike FlashAttention's, it
+takes two passes over the tiles, the first to sum each row's recomputed weights
+and their products with ``dP``, which keeps float32 gradients as accurate as
+torch's at large scores (see ``_flash_backward``). :func:`flash_attention_forward`
+is the bare loop; autograd can differentiate it, but then keeps every block's
+tensors, which adds up to the full matrix again.
 
 Shapes: ``...`` is any number of leading (batch, head) dimensions, equal for
 query, key and value; ``d_k`` is the query/key size, ``d_v`` the value size.
@@ -32,7 +35,7 @@ import math
 
 import torch
 
-from ._validation import check_positive_int
+from ._validation import check_positive_int, check_sdpa_inputs
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "flash_attention", "flash_attention_forward"]
 
@@ -42,9 +45,7 @@ DEFAULT_BLOCK_SIZE = 256
 
 def _check_inputs(query, key, value, is_causal, scale, block_size) -> int:
     # The reference's checks, so both functions refuse bad input with the same words.
-    from .functional import _check_sdpa_inputs
-
-    _check_sdpa_inputs(query, key, value, None, 0.0, is_causal, scale)
+    check_sdpa_inputs(query, key, value, None, 0.0, is_causal, scale)
     return check_positive_int("block_size", block_size)
 
 
@@ -125,7 +126,7 @@ def flash_attention_forward(
                             device=query.device)  # (..., num_tokens_q, 1)
     for q_start in range(0, num_tokens_q, block_size):
         q_end = min(q_start + block_size, num_tokens_q)
-        q_block = query[..., q_start:q_end, :].to(dtype) * scale  # (..., Bq, d_k)
+        q_block = query[..., q_start:q_end, :].to(dtype)  # (..., Bq, d_k)
         rows = q_end - q_start
         row_max = torch.full((*lead, rows, 1), -math.inf, dtype=dtype, device=query.device)
         row_sum = torch.zeros((*lead, rows, 1), dtype=dtype, device=query.device)
@@ -136,7 +137,9 @@ def flash_attention_forward(
             kv_end = min(kv_start + block_size, kv_stop)
             k_block = key[..., kv_start:kv_end, :].to(dtype)  # (..., Bk, d_k)
             v_block = value[..., kv_start:kv_end, :].to(dtype)  # (..., Bk, d_v)
-            scores = q_block @ k_block.transpose(-2, -1)  # (..., Bq, Bk): one tile only
+            # Scaled after the product, as the readable path does (in place: no second
+            # tile); the backward pass recomputes the scores with exactly these operations.
+            scores = (q_block @ k_block.transpose(-2, -1)).mul_(scale)  # (..., Bq, Bk)
             if is_causal and kv_end - 1 > q_start:  # the tile crosses the diagonal
                 hidden = _future_mask(q_start, q_end, kv_start, kv_end, query.device)
                 scores = scores.masked_fill(hidden, -math.inf)
@@ -154,55 +157,99 @@ def flash_attention_forward(
 
 
 class _FlashAttentionFunction(torch.autograd.Function):
-    """Autograd wrapper: saves only the inputs, the output and the log-sum-exp."""
+    """Autograd wrapper: saves only the inputs and each row's log-sum-exp."""
 
     @staticmethod
     def forward(ctx, query, key, value, is_causal, scale, block_size):
         context_vec, logsumexp = flash_attention_forward(
             query, key, value, is_causal, scale, block_size=block_size)
-        ctx.save_for_backward(query, key, value, context_vec, logsumexp)
+        ctx.save_for_backward(query, key, value, logsumexp)
         ctx.is_causal, ctx.scale, ctx.block_size = is_causal, scale, block_size
         return context_vec
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_context):
-        query, key, value, context_vec, logsumexp = ctx.saved_tensors
-        grads = _flash_backward(query, key, value, context_vec, logsumexp, grad_context,
-                                ctx.is_causal, ctx.scale, ctx.block_size)
+        grads = _flash_backward(*ctx.saved_tensors, grad_context, ctx.is_causal, ctx.scale,
+                                ctx.block_size)
         return (*grads, None, None, None)
 
 
-def _flash_backward(query, key, value, context_vec, logsumexp, grad_context,
-                    is_causal, scale, block_size):
-    """Gradients of tiled attention, recomputing each tile's weights (FA-2, Algorithm 2)."""
+def _backward_tiles(num_tokens_q, num_tokens_kv, is_causal, block_size):
+    """The ``(q_start, q_end, kv_start, kv_end)`` of each tile the backward visits."""
+    for kv_start in range(0, num_tokens_kv, block_size):
+        kv_end = min(kv_start + block_size, num_tokens_kv)
+        # With a causal mask, queries before kv_start do not see this block.
+        for q_start in range(kv_start if is_causal else 0, num_tokens_q, block_size):
+            yield q_start, min(q_start + block_size, num_tokens_q), kv_start, kv_end
+
+
+def _recompute_tile(query, key, value, logsumexp, grad_context, tile, is_causal, scale):
+    """One tile's blocks, ``E = exp(S - L)`` and ``dP = dO @ V^T``, as the forward computed S.
+
+    Both backward passes call this, so both see the same bits. Returns
+    ``(q_block, k_block, exp_scores, grad_weights)``; the last two are ``(..., Bq, Bk)``.
+    """
+    q_start, q_end, kv_start, kv_end = tile
     dtype = logsumexp.dtype
-    num_tokens_q, num_tokens_kv = query.shape[-2], key.shape[-2]
+    q_block = query[..., q_start:q_end, :].to(dtype)  # (..., Bq, d_k)
+    k_block = key[..., kv_start:kv_end, :].to(dtype)  # (..., Bk, d_k)
+    v_block = value[..., kv_start:kv_end, :].to(dtype)  # (..., Bk, d_v)
+    scores = (q_block @ k_block.transpose(-2, -1)).mul_(scale)  # (..., Bq, Bk), as forward
+    if is_causal and kv_end - 1 > q_start:  # the tile crosses the diagonal
+        hidden = _future_mask(q_start, q_end, kv_start, kv_end, query.device)
+        scores = scores.masked_fill(hidden, -math.inf)
+    exp_scores = torch.exp(scores - logsumexp[..., q_start:q_end, :])  # (..., Bq, Bk)
+    grad_weights = grad_context[..., q_start:q_end, :] @ v_block.transpose(-2, -1)
+    return q_block, k_block, exp_scores, grad_weights
+
+
+def _flash_backward(query, key, value, logsumexp, grad_context, is_causal, scale, block_size):
+    """Gradients of tiled attention, recomputing each tile's weights (FA-2, Algorithm 2).
+
+    Two passes over the tiles. The first sums, for each query row, the recomputed
+    ``E_ij = exp(S_ij - L_i)`` and ``E_ij dP_ij``; the second uses the weights
+    ``P_ij = E_ij / sum_j E_ij`` and ``D_i = sum_j P_ij dP_ij`` to form
+    ``dS = P * (dP - D)`` and the three gradients.
+
+    FlashAttention divides by nothing (``P = E``) and takes ``D_i = dO_i . O_i``,
+    equal in exact arithmetic, which saves the first pass. In float32 both lose
+    accuracy where scores are large: ``L`` is rounded to float32, an error of up to
+    ``|L| * 6e-8`` in every exponent (2e-5 at ``L = 300``), and ``D`` computed from
+    ``O`` does not cancel the rounding of ``dP``, so ``sum_j dS_ij`` is not 0 and the
+    error is multiplied by the size of the keys. Normalising by the recomputed sum
+    makes each row of ``P`` sum to 1 whatever the rounding of ``L``, and ``D`` from
+    the same ``P`` and ``dP`` makes each row of ``dS`` sum to 0, as in the softmax's
+    own backward.
+    """
+    dtype = logsumexp.dtype
     grad_context = grad_context.to(dtype)
-    # D_i = sum_d dO_id * O_id = sum_j P_ij dP_ij: the softmax backward's row term.
-    delta = (grad_context * context_vec.to(dtype)).sum(dim=-1, keepdim=True)  # (..., N_q, 1)
+    tiles = list(_backward_tiles(query.shape[-2], key.shape[-2], is_causal, block_size))
+    args = (query, key, value, logsumexp, grad_context)
+
+    exp_sum = torch.zeros_like(logsumexp)  # (..., N_q, 1): sum_j E_ij, 1 up to rounding
+    weighted = torch.zeros_like(logsumexp)  # (..., N_q, 1): sum_j E_ij dP_ij
+    for tile in tiles:
+        _, _, exp_scores, grad_weights = _recompute_tile(*args, tile, is_causal, scale)
+        rows = slice(tile[0], tile[1])
+        exp_sum[..., rows, :] += exp_scores.sum(dim=-1, keepdim=True)
+        weighted[..., rows, :] += (exp_scores * grad_weights).sum(dim=-1, keepdim=True)
+    delta = weighted / exp_sum  # (..., N_q, 1): D_i = sum_j P_ij dP_ij
+
     grad_query = torch.zeros(query.shape, dtype=dtype, device=query.device)
     grad_key = torch.zeros(key.shape, dtype=dtype, device=key.device)
     grad_value = torch.zeros(value.shape, dtype=dtype, device=value.device)
-    for kv_start in range(0, num_tokens_kv, block_size):
-        kv_end = min(kv_start + block_size, num_tokens_kv)
-        k_block = key[..., kv_start:kv_end, :].to(dtype)  # (..., Bk, d_k)
-        v_block = value[..., kv_start:kv_end, :].to(dtype)  # (..., Bk, d_v)
-        # With a causal mask, queries before kv_start do not see this block.
-        for q_start in range(kv_start if is_causal else 0, num_tokens_q, block_size):
-            q_end = min(q_start + block_size, num_tokens_q)
-            q_block = query[..., q_start:q_end, :].to(dtype)  # (..., Bq, d_k)
-            scores = (q_block @ k_block.transpose(-2, -1)) * scale  # (..., Bq, Bk)
-            if is_causal and kv_end - 1 > q_start:
-                hidden = _future_mask(q_start, q_end, kv_start, kv_end, query.device)
-                scores = scores.masked_fill(hidden, -math.inf)
-            attn_weights = torch.exp(scores - logsumexp[..., q_start:q_end, :])  # recomputed
-            grad_out_block = grad_context[..., q_start:q_end, :]  # (..., Bq, d_v)
-            grad_value[..., kv_start:kv_end, :] += attn_weights.transpose(-2, -1) @ grad_out_block
-            grad_weights = grad_out_block @ v_block.transpose(-2, -1)  # (..., Bq, Bk)
-            grad_scores = attn_weights * (grad_weights - delta[..., q_start:q_end, :]) * scale
-            grad_query[..., q_start:q_end, :] += grad_scores @ k_block
-            grad_key[..., kv_start:kv_end, :] += grad_scores.transpose(-2, -1) @ q_block
+    for tile in tiles:
+        q_block, k_block, exp_scores, grad_weights = _recompute_tile(
+            *args, tile, is_causal, scale)
+        rows, cols = slice(tile[0], tile[1]), slice(tile[2], tile[3])
+        attn_weights = exp_scores / exp_sum[..., rows, :]  # (..., Bq, Bk): rows sum to 1
+        grad_value[..., cols, :] += attn_weights.transpose(-2, -1) @ grad_context[..., rows, :]
+        # dS = P * (dP - D), the gradient of the scaled scores; times scale, that of
+        # query @ key^T.
+        grad_scores = attn_weights * (grad_weights - delta[..., rows, :]) * scale
+        grad_query[..., rows, :] += grad_scores @ k_block
+        grad_key[..., cols, :] += grad_scores.transpose(-2, -1) @ q_block
     return grad_query.to(query.dtype), grad_key.to(key.dtype), grad_value.to(value.dtype)
 
 
@@ -223,7 +270,10 @@ def flash_attention(
     linearly with the number of tokens instead of quadratically. The forward
     pass is :func:`attnlib.flash.flash_attention_forward`. The backward pass does not
     store the tiles: it recomputes each tile's weights from the saved
-    log-sum-exp of its rows, so a training step is linear in memory too.
+    log-sum-exp of its rows, so a training step is linear in memory too. It
+    visits the tiles twice, first to sum each row's recomputed weights, so that
+    float32 gradients stay as accurate as the readable path's and torch's
+    however large the scores (FlashAttention visits them once).
 
     It is written for reading, not speed: on a GPU a fused kernel does the
     same work without Python's loop (see ``torch.nn.attention.sdpa_kernel``).
@@ -260,8 +310,9 @@ def flash_attention(
     Source: Dao et al. (2022), "FlashAttention: Fast and Memory-Efficient Exact
     Attention with IO-Awareness", Algorithm 1 (forward) and Algorithm 4
     (backward by recomputation); Dao (2023), "FlashAttention-2", Algorithms 1
-    and 2 (loop order); Milakov and Gimelshein (2018), "Online normalizer
-    calculation for softmax".
+    and 2 (loop order) and section 3.1.1 (the single log-sum-exp saved for the
+    backward); Milakov and Gimelshein (2018), "Online normalizer calculation
+    for softmax".
     """
     block_size = _check_inputs(query, key, value, is_causal, scale, block_size)
     is_causal = bool(is_causal)

@@ -79,12 +79,34 @@ def test_solution_code_is_the_code_that_runs_and_is_checked(path):
                 f"{path.name}: the code cell after solution {target} must start with the "
                 "solution's code, so that the book shows the code nbval runs"
             )
-            assert "remove-input" in following.metadata.get("tags", []), (
-                f"{path.name}: the cell running solution {target} must be tagged remove-input"
+            assert "remove-cell" in following.metadata.get("tags", []), (
+                f"{path.name}: the cell running solution {target} must be tagged remove-cell "
+                "(its output, the checker's 'Correct', would show under the closed solution)"
             )
             assert re.search(r"\bcheck_\w+\(", following.source[len(code):]), (
                 f"{path.name}: the cell running solution {target} must end by calling a checker"
             )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_nothing_under_a_closed_solution_gives_the_answer_away(path):
+    """The code cells right after a solution run it or check its numbers; a reader who
+    has not opened the solution must see neither their code nor their output."""
+    cells = _cells(path)
+    for index, cell in enumerate(cells):
+        if cell.cell_type != "markdown" or not _directives(cell.source, "solution"):
+            continue
+        for following in cells[index + 1:]:
+            if following.cell_type != "code":
+                break
+            tags = following.metadata.get("tags", [])
+            shown = following.outputs and not {"remove-cell", "remove-output"} & set(tags)
+            assert not shown, (
+                f"{path.name}: a code cell after a solution shows its output to a reader "
+                f"who has not opened it (tags {tags}): {following.source[:80]!r}")
+            assert "remove-cell" in tags or "remove-input" in tags, (
+                f"{path.name}: a code cell after a solution shows its code: "
+                f"{following.source[:80]!r}")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

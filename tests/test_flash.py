@@ -2,6 +2,7 @@
 
 Values and gradients agree with torch.nn.functional.scaled_dot_product_attention
 (float32 and float64, causal or not, N_q != N_kv, d_v != d_k, every block size);
+float32 gradients are as accurate as the readable path's and torch's at large scores;
 bad input gets the reference's errors; peak memory grows linearly, not
 quadratically. No timing assertions: speed is the benchmark's job.
 """
@@ -169,6 +170,52 @@ def test_gradients_match_torch(dtype, is_causal, n_q, n_kv, block_size):
     for name, g, e in zip(("query", "key", "value"), ours, theirs, strict=True):
         assert g.dtype == dtype
         torch.testing.assert_close(g, e, **TOL[dtype], msg=f"grad of {name}")
+
+
+def _max_gradient_error_per_problem(fn, inputs, grad_out, reference):
+    """(num_problems,) largest |error| of each problem's float32 gradients of q, k and v."""
+    leaves = [t.float().requires_grad_(True) for t in inputs]
+    grads = torch.autograd.grad(fn(*leaves), leaves, grad_out.float())
+    return torch.stack([(g.double() - r).abs().flatten(1).amax(dim=1)
+                        for g, r in zip(grads, reference, strict=True)]).amax(dim=0)
+
+
+@pytest.mark.parametrize("factor", [3, 10])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("n_q", [12, 10])
+def test_float32_gradients_as_accurate_as_the_readable_path_and_torch(n_q, is_causal, factor):
+    # Issue 15: at large scores flash_attention's float32 gradients were up to 17x less
+    # accurate than torch's. Causes fixed: the backward recomputed the scores as
+    # (q @ k^T) * scale where the forward had used (q * scale) @ k^T; it used the float32
+    # log-sum-exp L as if exact (an error of |L| * 6e-8 in every exponent); and it took
+    # D = rowsum(dO * O), whose rounding does not cancel that of dP.
+    # 64 independent problems like the issue's, q (12 or 10, 5), k (10, 5), v (10, 6),
+    # scores scaled by factor**2. The float64 reference uses the same float32 numbers.
+    # One problem's largest error is the luck of a few roundings (two correct float32
+    # implementations differ by up to 6x on one problem), so the test compares the mean
+    # over the 64 problems: over 20 seeds it stays within 0.5x-1.3x of the larger of the
+    # readable path's and torch's; the old backward gave 2.6x-22x.
+    gen = torch.Generator().manual_seed(15)
+    num_problems, n_kv = 64, 10
+    query = torch.randn(num_problems, n_q, 5, generator=gen) * factor
+    key = torch.randn(num_problems, n_kv, 5, generator=gen) * factor
+    value = torch.randn(num_problems, n_kv, 6, generator=gen)
+    grad_out = torch.randn(num_problems, n_q, 6, generator=gen)
+    inputs64 = [t.double().requires_grad_(True) for t in (query, key, value)]
+    reference = torch.autograd.grad(
+        F.scaled_dot_product_attention(*inputs64, is_causal=is_causal), inputs64,
+        grad_out.double())
+
+    def error(fn):
+        return _max_gradient_error_per_problem(fn, (query, key, value), grad_out,
+                                               reference).mean().item()
+
+    bar = max(error(lambda q, k, v: scaled_dot_product_attention(q, k, v, is_causal=is_causal)),
+              error(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)))
+    for block_size in (1, 4, 7):
+        ours = error(lambda q, k, v, b=block_size: flash_attention(q, k, v, is_causal=is_causal,
+                                                                     block_size=b))
+        assert ours <= 2 * bar, f"block_size={block_size}: {ours:.2e} against {bar:.2e}"
 
 
 def test_gradcheck_float64():

@@ -14,20 +14,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "attnlib"
 
-# Circles that other work in progress removes (issue 16). Each is xfailed by
-# test_known_circle_is_gone, which starts to fail (strict) once the circle is
-# gone: then delete its entry here.
-KNOWN_CIRCLES = {
-    "flash-functional": (
-        {"attnlib.flash", "attnlib.functional"},
-        "attnlib.flash imports _check_sdpa_inputs from attnlib.functional, which imports "
-        "flash_attention from attnlib.flash: flash.py should import it from attnlib._validation",
-    ),
-}
 
 
 def _module_name(path: Path) -> str:
@@ -100,13 +89,6 @@ def circles(graph: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
-def _is_known(circle: set[str], key: str) -> bool:
-    members, _ = KNOWN_CIRCLES[key]
-    if isinstance(members, str):  # a package: any circle among its own modules
-        return all(m == members or m.startswith(members + ".") for m in circle)
-    return circle == members
-
-
 def test_the_graph_sees_relative_and_function_level_imports(tmp_path):
     graph = import_graph()
     assert "attnlib._heads" in graph["attnlib.attention"]  # from ._heads import ...
@@ -120,15 +102,5 @@ def test_the_graph_sees_relative_and_function_level_imports(tmp_path):
 
 
 def test_no_module_imports_a_module_that_imports_it():
-    unexpected = [sorted(c) for c in circles(import_graph())
-                  if not any(_is_known(c, key) for key in KNOWN_CIRCLES)]
-    assert unexpected == [], f"import circles: {unexpected}"
-
-
-@pytest.mark.parametrize(
-    "key",
-    [pytest.param(key, marks=pytest.mark.xfail(strict=True, reason=reason))
-     for key, (_, reason) in KNOWN_CIRCLES.items()],
-)
-def test_known_circle_is_gone(key):
-    assert not any(_is_known(c, key) for c in circles(import_graph()))
+    found = [sorted(c) for c in circles(import_graph())]
+    assert found == [], f"import circles: {found}"
