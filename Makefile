@@ -48,7 +48,12 @@ unit: $(STAMP)
 # `$(BIN)/mypy`, which checks all of attnlib (pyproject's `files`).
 MYPY_FILES := attnlib/__init__.py attnlib/_validation.py attnlib/_heads.py \
 	attnlib/attention.py attnlib/multihead.py attnlib/gqa.py attnlib/kv_cache.py \
-	attnlib/functional.py attnlib/positional.py attnlib/device.py attnlib/viz.py attnlib/bench
+	attnlib/functional.py attnlib/positional.py attnlib/device.py attnlib/viz.py attnlib/bench \
+	attnlib/training.py attnlib/source.py attnlib/experiments \
+	attnlib/exercises/_common.py attnlib/exercises/_attention_modules.py \
+	attnlib/exercises/basics.py attnlib/exercises/efficient.py attnlib/exercises/learning.py \
+	attnlib/exercises/llm.py attnlib/exercises/masks.py attnlib/exercises/modules.py \
+	attnlib/exercises/multihead.py attnlib/exercises/position.py attnlib/exercises/scaling.py
 
 # ruff with flake8-bugbear (settings in pyproject.toml). Notebook code lines stay
 # within the 88 characters that the book's code box shows without cutting.

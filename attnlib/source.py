@@ -11,8 +11,11 @@ import math
 import numbers
 import re
 import textwrap
+from collections.abc import Callable
 
 import torch
+
+from ._validation import type_name
 
 __all__ = ["show_source", "SourceCode", "expect"]
 
@@ -55,11 +58,11 @@ class SourceCode:
     #: screen of code.
     COLLAPSE_AFTER = 50
 
-    def __init__(self, text: str, name: str, collapse: bool | None = None):
+    def __init__(self, text: str, name: str, collapse: bool | None = None) -> None:
         if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
+            raise TypeError(f"text must be a str, got {type_name(text)}")
         if not isinstance(name, str):
-            raise TypeError(f"name must be a str, got {type(name).__name__}")
+            raise TypeError(f"name must be a str, got {type_name(name)}")
         if collapse is not None and not isinstance(collapse, bool):
             raise TypeError(f"collapse must be None or a bool, got {collapse!r}")
         self.text = text
@@ -114,7 +117,7 @@ _LITERAL = re.compile(r"``(.+?)``", re.DOTALL)
 _LINK = re.compile(r"`([^`<]+?)\s*<([^`>]+)>`__?")
 
 
-def _role_text(match: re.Match) -> str:
+def _role_text(match: re.Match[str]) -> str:
     """How Sphinx shows a cross-reference: its title, or its target; ``~`` keeps
     the last name only."""
     target = match.group(1).strip()
@@ -136,16 +139,18 @@ def _readable(docstring: str) -> str:
 def _docstring_spans(tree: ast.AST) -> list[tuple[int, int, int, int]]:
     """(first line, first column, last line, end column) of every docstring in
     ``tree``: lines 1-based, columns in bytes of UTF-8, as :mod:`ast` gives them."""
-    spans = []
+    spans: list[tuple[int, int, int, int]] = []
     for node in ast.walk(tree):
         if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
                                  ast.AsyncFunctionDef)) or not node.body:
             continue
         first = node.body[0]
+        # ast.parse sets every statement's end; the stubs allow None (a node built by hand).
+        last, end = first.end_lineno, first.end_col_offset
         if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
-                and isinstance(first.value.value, str)):
-            spans.append((first.lineno, first.col_offset, first.end_lineno,
-                          first.end_col_offset))
+                and isinstance(first.value.value, str) and last is not None
+                and end is not None):
+            spans.append((first.lineno, first.col_offset, last, end))
     return spans
 
 
@@ -175,7 +180,7 @@ def _readable_docstrings(text: str) -> str:
         TypeError: ``text`` is not a str.
     """
     if not isinstance(text, str):
-        raise TypeError(f"text must be a str, got {type(text).__name__}")
+        raise TypeError(f"text must be a str, got {type_name(text)}")
     try:
         tree = ast.parse(text)
     except SyntaxError:
@@ -211,8 +216,51 @@ def _drop_docstring(text: str) -> str:
     return "\n".join(lines)
 
 
-def show_source(obj, *, docstring: bool = True, collapse: bool | None = None) -> SourceCode:
+def _is_overload(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """Whether ``node`` is decorated with ``@overload`` (or ``@typing.overload``)."""
+    return any(
+        (isinstance(d, ast.Name) and d.id == "overload")
+        or (isinstance(d, ast.Attribute) and d.attr == "overload")
+        for d in node.decorator_list
+    )
+
+
+def _drop_overloads(text: str) -> str:
+    """Remove the ``@overload`` stubs from the source ``text``, with the blank lines after each.
+
+    The stubs declare, for the type checker, how the return type of the definition
+    that follows them depends on its arguments (``return_weights``); a reader sees
+    the same in that definition's docstring. ``text`` is returned unchanged when
+    it has no stub or does not parse.
+    """
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return text
+    stubs = sorted(
+        (node.decorator_list[0].lineno, node.end_lineno or node.lineno)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _is_overload(node)
+    )
+    if not stubs:
+        return text
+    lines = text.split("\n")
+    # From the last stub to the first, so earlier line numbers stay valid.
+    for first, last in reversed(stubs):
+        while last < len(lines) and not lines[last].strip():
+            last += 1  # the blank lines after the stub (ast lines are 1-based)
+        del lines[first - 1 : last]
+    return "\n".join(lines)
+
+
+def show_source(
+    obj: Callable[..., object], *, docstring: bool = True, collapse: bool | None = None
+) -> SourceCode:
     """Return the source code of an attnlib function, class or method.
+
+    The ``@overload`` stubs of a class's methods (which tell a type checker how
+    ``forward``'s return type depends on ``return_weights``) are left out: the
+    listing shows each method once, as it runs.
 
     Args:
         obj: a function, class or method defined in Python source.
@@ -238,7 +286,7 @@ def show_source(obj, *, docstring: bool = True, collapse: bool | None = None) ->
         text = inspect.getsource(obj)
     except (TypeError, OSError) as exc:
         raise TypeError(f"cannot show the source of {obj!r}: {exc}") from None
-    text = textwrap.dedent(text).rstrip("\n")
+    text = _drop_overloads(textwrap.dedent(text).rstrip("\n"))
     if not docstring:
         text = _drop_docstring(text)
     name = getattr(obj, "__qualname__", getattr(obj, "__name__", repr(obj)))

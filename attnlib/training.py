@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -30,7 +31,7 @@ import torch.nn.functional as F
 
 from ._validation import check_bool, check_int, check_positive_int, type_name
 from .data import IGNORE_INDEX
-from .models import TinyTransformer
+from .models import TinyTransformer, TransformerBlock
 from .multihead import MultiHeadAttention
 
 __all__ = [
@@ -215,8 +216,9 @@ def _head_outputs(
     x = model._add_positions(model.tok_emb(inputs), 0)  # (batch, num_tokens, d_model)
     for block in model.blocks[:layer]:
         x = block(x)
-    block = model.blocks[layer]
-    attn = block.attn
+    # nn.ModuleList's items are typed nn.Module; TinyTransformer's are TransformerBlocks.
+    block = cast(TransformerBlock, model.blocks[layer])
+    attn = cast(MultiHeadAttention, block.attn)  # as copying_score checked
     normed = block.norm_1(x)  # (batch, num_tokens, d_model)
     _, attn_weights = attn(normed, return_weights=True)  # (b, num_heads, num_tokens, num_tokens)
     b, num_tokens, _ = normed.shape
@@ -352,7 +354,7 @@ def _snapshot(model: nn.Module, probe: torch.Tensor) -> list[torch.Tensor]:
 
 def train(
     model: nn.Module,
-    make_batch: Callable[[torch.Generator], tuple],
+    make_batch: Callable[[torch.Generator], tuple[torch.Tensor, ...]],
     num_steps: int,
     *,
     lr: float = 1e-2,
@@ -438,15 +440,16 @@ def train(
     wanted = set(steps)
     model.train()
     start = time.perf_counter()
-    if 0 in wanted:
+    if probe is not None and 0 in wanted:  # (wanted is empty without a probe)
         history.snapshot_steps.append(0)
         history.snapshots.append(_snapshot(model, probe))
-    bar = range(1, num_steps + 1)
+    step_range = range(1, num_steps + 1)
+    bar = None  # the tqdm progress bar over step_range, when asked for
     if progress:  # imported only when shown: tqdm.auto warns in a kernel without widgets
         from tqdm.auto import tqdm
 
-        bar = tqdm(bar, desc="training", leave=False)
-    for step in bar:
+        bar = tqdm(step_range, desc="training", leave=False)
+    for step in step_range if bar is None else bar:
         inputs, targets = make_batch(generator)[:2]
         logits = model(inputs)  # (batch, num_tokens, vocab_size)
         loss = F.cross_entropy(
@@ -457,9 +460,9 @@ def train(
         optimizer.step()
         history.losses.append(float(loss.detach()))
         history.accuracies.append(accuracy(logits.detach(), targets))
-        if progress and step % 10 == 0:
+        if bar is not None and step % 10 == 0:
             bar.set_postfix(loss=f"{history.losses[-1]:.3f}", acc=f"{history.accuracies[-1]:.2f}")
-        if step in wanted:
+        if probe is not None and step in wanted:
             history.snapshot_steps.append(step)
             history.snapshots.append(_snapshot(model, probe))
     history.seconds = time.perf_counter() - start

@@ -209,6 +209,58 @@ def test_show_source_of_attnlib_shows_no_rest_markup():
     assert seen > 30, f"only {seen} docstrings seen"
 
 
+OVERLOADED_MODULE = '''import typing
+from typing import Literal, overload
+
+
+class Overloaded:
+    """A class whose forward has @overload stubs, as in attnlib."""
+
+    @overload
+    def forward(self, x: int, flag: Literal[False] = ...) -> int: ...
+
+    @typing.overload
+    def forward(
+        self, x: int, flag: Literal[True]
+    ) -> tuple[int, int]: ...
+
+    def forward(self, x: int, flag: bool = False) -> int | tuple[int, int]:
+        """Return ``x``, or ``(x, x)`` with ``flag``."""
+        return (x, x) if flag else x
+
+    def other(self) -> None:
+        return None
+'''
+
+OVERLOADED_SHOWN = '''class Overloaded:
+    """A class whose forward has @overload stubs, as in attnlib."""
+
+    def forward(self, x: int, flag: bool = False) -> int | tuple[int, int]:
+        """Return ``x``, or ``(x, x)`` with ``flag``."""
+        return (x, x) if flag else x
+
+    def other(self) -> None:
+        return None'''
+
+
+def test_show_source_leaves_out_overload_stubs(tmp_path, monkeypatch):
+    """A chapter shows a class's forward once, as it runs, without the type checker's stubs."""
+    module = _load_module(tmp_path, monkeypatch, "sample_overloads", OVERLOADED_MODULE)
+    src = attnlib.show_source(module.Overloaded)
+    # Both spellings of the decorator go, with the blank line after each stub.
+    assert str(src) == OVERLOADED_SHOWN
+    assert src.num_lines == OVERLOADED_SHOWN.count("\n") + 1
+    bare = str(attnlib.show_source(module.Overloaded, docstring=False))
+    docstring = '    """A class whose forward has @overload stubs, as in attnlib."""\n'
+    assert bare == OVERLOADED_SHOWN.replace(docstring, "") != OVERLOADED_SHOWN
+    # Chapter 5 prints CausalAttention, whose forward has three stubs.
+    shown = str(attnlib.show_source(attnlib.CausalAttention, docstring=False))
+    assert "@overload" in inspect.getsource(attnlib.CausalAttention)
+    assert "overload" not in shown and shown.count("def forward(") == 1
+    forward = inspect.getsource(attnlib.CausalAttention.forward).rstrip("\n")
+    assert forward.split('"""')[-1] in shown  # the body after the docstring, verbatim
+
+
 def test_long_show_source_is_collapsed_in_html(tmp_path, monkeypatch):
     limit = attnlib.source.SourceCode.COLLAPSE_AFTER
     at_limit = _load_module(tmp_path, monkeypatch, "at_limit", _long_function_source(limit))

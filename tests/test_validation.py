@@ -121,16 +121,15 @@ def test_type_name():
 
 
 def test_no_message_names_a_type_by_its_bare_name():
-    # Every "got <type>" in attnlib's own modules comes from type_name (full names).
+    # Every "got <type>" in attnlib's own modules comes from type_name (full names):
+    # no f-string formats type(x).__name__ (comparing it with a name is not a message).
     import pathlib
     import re
 
     root = pathlib.Path(AF.__file__).parent
     offenders = [str(path.relative_to(root)) for path in sorted(root.rglob("*.py"))
-                 if re.search(r"type\([^)]*\)\.__name__", path.read_text())]
-    # Being edited elsewhere (issue 16): delete each from here once it uses type_name.
-    pending = {"source.py", "experiments/_scaling.py"}
-    assert [p for p in offenders if p not in pending] == []
+                 if re.search(r"\{type\([^)]*\)\.__name__", path.read_text())]
+    assert offenders == []
 
 
 def test_sdpa_inputs_are_checked_in_one_place():

@@ -221,9 +221,12 @@ def _hidden(mask: str, cols: torch.Tensor, rows: torch.Tensor, start: int,
     raise ValueError(f"mask must be one of {_MASKS}, got {mask!r}")
 
 
-def _tiled_variant(query, key, value, is_causal, block_size, *, rescale_acc=True,
-                   rescale_sum=True, scale=None, causal_offset=0, mask="top-left",
-                   initial_max=-math.inf, divide=True, safe=True, fill=-math.inf):
+def _tiled_variant(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   is_causal: bool, block_size: int, *, rescale_acc: bool = True,
+                   rescale_sum: bool = True, scale: float | None = None,
+                   causal_offset: int = 0, mask: str = "top-left",
+                   initial_max: float = -math.inf, divide: bool = True, safe: bool = True,
+                   fill: float = -math.inf) -> torch.Tensor:
     """Tiled attention over key blocks (queries vectorised), right or with one slip.
 
     ``mask`` (with ``is_causal``) hides key ``j`` from query ``i`` where:
@@ -267,7 +270,8 @@ def _tiled_variant(query, key, value, is_causal, block_size, *, rescale_acc=True
     return acc / torch.where(row_sum > 0, row_sum, 1.0) if safe else acc / row_sum
 
 
-def _per_tile_softmax(query, key, value, is_causal, block_size):
+def _per_tile_softmax(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      is_causal: bool, block_size: int) -> torch.Tensor:
     """The misconception: softmax each tile of scores on its own and add the tiles."""
     n_q = query.shape[-2]
     rows = torch.arange(n_q, device=query.device).unsqueeze(-1)
@@ -283,8 +287,8 @@ def _per_tile_softmax(query, key, value, is_causal, block_size):
     return out
 
 
-def _flash_wrong_answers(query, key, value, is_causal, block_size
-                         ) -> list[tuple[str, torch.Tensor]]:
+def _flash_wrong_answers(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         is_causal: bool, block_size: int) -> list[tuple[str, torch.Tensor]]:
     """(message, wrong result) pairs; a message may come with a plain and a guarded form."""
     d_k, d_v = query.shape[-1], value.shape[-1]
     n_q, n_kv = query.shape[-2], key.shape[-2]
@@ -364,7 +368,9 @@ def _name_flash_mistake(out: torch.Tensor, wrong: list[tuple[str, torch.Tensor]]
     return None
 
 
-def _judge_flash(out: torch.Tensor, args: tuple, what: str) -> None:
+def _judge_flash(out: torch.Tensor,
+                 args: tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool, int],
+                 what: str) -> None:
     """Return if ``out`` is attention of ``args = (query, key, value, is_causal,
     block_size)``; otherwise name the mistake, an overflow, or the difference."""
     expected = _reference_attention(*args[:4])
@@ -384,7 +390,8 @@ def _judge_flash(out: torch.Tensor, args: tuple, what: str) -> None:
         "block_size=...) on a small input, tile by tile.")
 
 
-def _reference_attention(query, key, value, is_causal):
+def _reference_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         is_causal: bool) -> torch.Tensor:
     scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])
     if is_causal:
         hidden = torch.ones(scores.shape[-2:], dtype=torch.bool, device=query.device).triu(1)
@@ -446,7 +453,8 @@ def check_flash_attention(fn: Callable[..., torch.Tensor], *,
     name = answer_name(fn, "fn")
     gen = torch.Generator().manual_seed(2205)
 
-    def probe_tensors(n_q: int, n_kv: int, big: float = 1.0, apart: float = 0.0):
+    def probe_tensors(n_q: int, n_kv: int, big: float = 1.0,
+                      apart: float = 0.0) -> tuple[torch.Tensor, ...]:
         query = torch.randn(2, 3, n_q, 5, generator=gen, dtype=_DTYPE)
         key = torch.randn(2, 3, n_kv, 5, generator=gen, dtype=_DTYPE)
         # apart > 0 pushes queries and keys to opposite sides of the first axis, so

@@ -11,6 +11,8 @@ names the wrong answer it recognises.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 
 from ..training import prefix_matching_score
@@ -174,7 +176,8 @@ def _what(attn_weights: torch.Tensor, inputs: torch.Tensor) -> str:
             f"and inputs of shape {tuple(inputs.shape)}")
 
 
-def _run_probe(fn, attn_weights: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+def _run_probe(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+               attn_weights: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
     """The learner's scores on one probe, after checking their type, shape and device."""
     num_heads = attn_weights.shape[1]
     what = _what(attn_weights, inputs)
@@ -193,7 +196,8 @@ def _run_probe(fn, attn_weights: torch.Tensor, inputs: torch.Tensor) -> torch.Te
     return out
 
 
-def _judge_scores(probes, outputs) -> None:
+def _judge_scores(probes: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                  outputs: Sequence[torch.Tensor]) -> None:
     """Raise CheckFailed naming the mistake unless every output is right.
 
     A wrong answer is named only when it gives the learner's numbers on every
@@ -222,7 +226,8 @@ def _judge_scores(probes, outputs) -> None:
 
 
 @checker
-def check_prefix_matching_score(fn, *, device=None) -> bool:
+def check_prefix_matching_score(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *,
+                                device: torch.device | str | None = None) -> bool:
     """Check ``fn(attn_weights, inputs)``: each head's prefix-matching score.
 
     ``attn_weights`` is ``(batch, num_heads, num_tokens, num_tokens)`` (rows

@@ -15,6 +15,7 @@ and names the typical wrong answers by computing each one and comparing.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 
 import torch
 
@@ -153,7 +154,7 @@ def _rope_wrong_answers(x: torch.Tensor, base: float = _BASE) -> dict[str, torch
     return wrong
 
 
-def _takes_base(fn) -> bool:
+def _takes_base(fn: Callable[..., torch.Tensor]) -> bool:
     """Whether ``fn`` can be called with ``base=...`` (True where its signature is unknown)."""
     try:
         parameters = inspect.signature(fn).parameters
@@ -163,7 +164,8 @@ def _takes_base(fn) -> bool:
 
 
 @checker
-def check_rope(fn, *, device=None) -> bool:
+def check_rope(fn: Callable[..., torch.Tensor], *,
+               device: torch.device | str | None = None) -> bool:
     """Check ``fn(x, base=10000.0)``: rotary position embedding, half-split layout.
 
     ``x`` is ``(..., num_tokens, head_dim)`` (queries or keys; ``head_dim``
@@ -250,7 +252,8 @@ def check_rope(fn, *, device=None) -> bool:
 
 
 @checker
-def check_repeat_kv(fn, *, device=None) -> bool:
+def check_repeat_kv(fn: Callable[[torch.Tensor, int], torch.Tensor], *,
+                    device: torch.device | str | None = None) -> bool:
     """Check ``fn(x, group_size)``: give each query head its key/value head.
 
     ``x`` is ``(batch, num_kv_groups, num_tokens, head_dim)``; the result is
@@ -331,13 +334,15 @@ def check_repeat_kv(fn, *, device=None) -> bool:
 # ---------------------------------------------------------------------------
 
 
-def _bottom_right(n: int, n_kv: int, device: torch.device, diagonal_shift: int = 0):
+def _bottom_right(n: int, n_kv: int, device: torch.device,
+                  diagonal_shift: int = 0) -> torch.Tensor:
     ones = torch.ones(n, n_kv, dtype=torch.bool, device=device)
     return torch.tril(ones, diagonal=n_kv - n + diagonal_shift)
 
 
 @checker
-def check_kv_cache_mask(fn, *, device=None) -> bool:
+def check_kv_cache_mask(fn: Callable[[int, int], torch.Tensor], *,
+                        device: torch.device | str | None = None) -> bool:
     """Check ``fn(num_tokens, num_tokens_kv)``: causal mask of new tokens after cached ones.
 
     The ``num_tokens`` queries are the *last* of ``num_tokens_kv`` positions,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -82,7 +83,8 @@ def _wrong_masks(num_tokens: int, device: torch.device) -> dict[str, torch.Tenso
 
 
 @checker
-def check_causal_mask(fn, *, device=None) -> bool:
+def check_causal_mask(fn: Callable[[int], torch.Tensor], *,
+                      device: torch.device | str | None = None) -> bool:
     """Check ``fn(num_tokens)``: the causal mask, bool, **True where a query may attend**.
 
     ``fn(num_tokens)`` must return a bool tensor of shape
@@ -158,7 +160,8 @@ def _mask_errors(out: torch.Tensor) -> str:
     return text
 
 
-def _name_wrong_mask_shape(fn, out: torch.Tensor, num_tokens: int, what: str) -> None:
+def _name_wrong_mask_shape(fn: Callable[[int], torch.Tensor], out: torch.Tensor,
+                          num_tokens: int, what: str) -> None:
     """A mask of the wrong shape: an extra dimension, not square, or a fixed size."""
     shape = (num_tokens, num_tokens)
     got = f"{what} returned shape {tuple(out.shape)}; expected {shape}"
@@ -214,7 +217,7 @@ def _name_non_bool_mask(out: torch.Tensor, reference: torch.Tensor, what: str) -
     )
 
 
-def _use_mask_on_device(fn, device: torch.device) -> None:
+def _use_mask_on_device(fn: Callable[[int], torch.Tensor], device: torch.device) -> None:
     """Hide the future with the learner's mask on ``device``, as attention does."""
     num_tokens = 5
     mask = call_answer(fn, num_tokens, what=f"fn({num_tokens})").to(device)
@@ -245,7 +248,8 @@ _LEAK_ADVICE = ("Token i may only attend to tokens 0..i: fill the scores above t
                 "with -inf before the softmax.")
 
 
-def _build(cls, dropout: float, qkv_bias: bool, device: torch.device, what: str) -> nn.Module:
+def _build(cls: type, dropout: float, qkv_bias: bool, device: torch.device,
+           what: str) -> nn.Module:
     call = (f"{what}(d_in={_D_IN}, d_out={_D_OUT}, context_length={_CONTEXT_LENGTH}, "
             f"dropout={dropout}, qkv_bias={qkv_bias})")
     return build_module(cls, (_D_IN, _D_OUT, _CONTEXT_LENGTH, dropout),
@@ -341,7 +345,7 @@ def _wrong_causal_attention(
     }
 
 
-def _check_causal_dropout(cls, device: torch.device, what: str) -> None:
+def _check_causal_dropout(cls: type, device: torch.device, what: str) -> None:
     """Dropout on the weights: random in training mode, off in eval mode, mean kept."""
     module = _build(cls, DROPOUT_P, False, device, what)
     weights = set_weights(module, QKV, device, seed=2024)
@@ -353,7 +357,7 @@ def _check_causal_dropout(cls, device: torch.device, what: str) -> None:
 
 
 @checker
-def check_causal_attention(cls, *, device=None) -> bool:
+def check_causal_attention(cls: type, *, device: torch.device | str | None = None) -> bool:
     """Check a causal self-attention class that behaves like :class:`attnlib.CausalAttention`.
 
     ``cls(d_in, d_out, context_length, dropout, qkv_bias=False)`` must build an

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.nn as nn
@@ -90,7 +91,8 @@ def _wrong_merges(context_vec: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 @checker
-def check_merge_heads(fn, *, device=None) -> bool:
+def check_merge_heads(fn: Callable[[torch.Tensor], torch.Tensor], *,
+                      device: torch.device | str | None = None) -> bool:
     """Check ``fn(context_vec)``: the heads put back side by side, head after head.
 
     ``fn`` takes the per-head context vectors ``(b, num_heads, num_tokens,
@@ -201,8 +203,8 @@ _LEAK_ADVICE = ("Each head must hide the future: -inf above the diagonal of its 
                 "the softmax.")
 
 
-def _build(cls, config: dict, dropout: float, qkv_bias: bool, device: torch.device,
-           what: str) -> nn.Module:
+def _build(cls: type, config: Mapping[str, int], dropout: float, qkv_bias: bool,
+           device: torch.device, what: str) -> nn.Module:
     d_in, d_out, num_heads = config["d_in"], config["d_out"], config["num_heads"]
     call = (f"{what}(d_in={d_in}, d_out={d_out}, context_length={_CONTEXT_LENGTH}, "
             f"dropout={dropout}, num_heads={num_heads}, qkv_bias={qkv_bias})")
@@ -266,8 +268,8 @@ def _wrong_multi_head_attention(
     d_out = weights["W_query"].shape[0]
     head_dim = d_out // num_heads
 
-    def variant(**kwargs) -> torch.Tensor:
-        return _multi_head_attention(x, weights, num_heads, **kwargs)
+    # variant(scale=..., mask=..., ...): the reference with one keyword changed
+    variant = functools.partial(_multi_head_attention, x, weights, num_heads)
 
     return {
         "the scores are not scaled: divide each head's scores by sqrt(head_dim) before the "
@@ -340,14 +342,15 @@ def _head_parts(x: torch.Tensor, weights: dict[str, torch.Tensor],
     return torch.stack(parts)
 
 
-def _check_multi_head_dropout(cls, device: torch.device, what: str) -> None:
+def _check_multi_head_dropout(cls: type, device: torch.device, what: str) -> None:
     config = _CONFIGS[0]
     d_out, num_heads = config["d_out"], config["num_heads"]
     module = _build(cls, config, DROPOUT_P, False, device, what)
     weights = set_weights(module, _ROLES, device, seed=77)
+    bias = getattr(module.out_proj, "bias", None)  # set_weights has read it
     with torch.no_grad():
-        if module.out_proj.bias is not None:
-            module.out_proj.bias.zero_()  # the output is then linear in the weights
+        if isinstance(bias, torch.Tensor):
+            bias.zero_()  # the output is then linear in the weights
     weights.pop("out_proj.bias", None)
     x = probe_input(1, 6, config["d_in"], seed=13, device=device)
     reference = _multi_head_attention(x, weights, num_heads)[0]  # (num_tokens, d_out)
@@ -356,7 +359,7 @@ def _check_multi_head_dropout(cls, device: torch.device, what: str) -> None:
 
 
 @checker
-def check_multi_head_attention(cls, *, device=None) -> bool:
+def check_multi_head_attention(cls: type, *, device: torch.device | str | None = None) -> bool:
     """Check a causal multi-head attention class like :class:`attnlib.MultiHeadAttention`.
 
     ``cls(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False)``

@@ -51,9 +51,10 @@ def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
 def _check_positive_real(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type_name(value)} {name}={value!r}")
-    if not (math.isfinite(value) and value > 0):
+    number = float(value)
+    if not (math.isfinite(number) and number > 0):
         raise ValueError(f"{name} must be finite and > 0, got {name}={value!r}")
-    return float(value)
+    return number
 
 
 def _check_seeds(seeds: object) -> tuple[int, ...]:
@@ -205,12 +206,12 @@ def _initial_weights(init: str, seed: int, d_in: int) -> torch.Tensor:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if init == "nn.Linear":
-            module = SelfAttention_v2(d_in, d_in)
-            layers = (module.W_query, module.W_key, module.W_value)
+            v2 = SelfAttention_v2(d_in, d_in)
+            layers = (v2.W_query, v2.W_key, v2.W_value)
             weights = torch.stack([layer.weight.detach().T for layer in layers])
         else:
-            module = SelfAttention_v1(d_in, d_in)
-            weights = torch.stack([module.W_query, module.W_key, module.W_value]).detach()
+            v1 = SelfAttention_v1(d_in, d_in)
+            weights = torch.stack([v1.W_query, v1.W_key, v1.W_value]).detach()
     if init == "torch.rand - 0.5":
         weights = weights - 0.5
     elif init == "torch.rand / sqrt(d_in)":
@@ -381,13 +382,14 @@ def _train_seedwise(init: str, value_init: str, seeds: tuple[int, ...], num_step
     if value_init != init:  # W_value from the other start, for the same seeds
         weights[:, 2] = torch.stack([_initial_weights(value_init, s, d_in)[2] for s in seeds])
     weights.requires_grad_(True)
+    optim: torch.optim.Optimizer
     if optimizer == "adam":
         optim = torch.optim.Adam([weights], lr=lr, betas=(0.9, adam_beta2))
     else:
         optim = torch.optim.SGD([weights], lr=lr)
     generators = [torch.Generator().manual_seed(data_seed + s) for s in seeds]
 
-    series = {"loss": [], "weight": [], "margin": [], "update": []}
+    series: dict[str, list[torch.Tensor]] = {"loss": [], "weight": [], "margin": [], "update": []}
     for step in range(num_steps):
         batches = [marked_token_batch(batch_size, num_tokens, d_in, generator=g)
                    for g in generators]

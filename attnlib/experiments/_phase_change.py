@@ -39,9 +39,10 @@ def _check_accuracies(accuracies: object) -> list[float]:
             raise TypeError(
                 f"accuracies must hold numbers, got {type_name(value)} {value!r} at step {step}"
             )
-        if not 0.0 <= value <= 1.0:
+        number = float(value)
+        if not 0.0 <= number <= 1.0:
             raise ValueError(f"accuracies must lie in [0, 1], got {value} at step {step}")
-        values.append(float(value))
+        values.append(number)
     if not values:
         raise ValueError("accuracies is empty: pass at least one step's accuracy")
     return values
@@ -50,9 +51,10 @@ def _check_accuracies(accuracies: object) -> list[float]:
 def _check_threshold(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a float, got {type_name(value)} {name}={value!r}")
-    if not 0.0 <= value < 1.0:
+    number = float(value)
+    if not 0.0 <= number < 1.0:
         raise ValueError(f"{name} must lie in [0, 1), got {name}={value}")
-    return float(value)
+    return number
 
 
 def _first_step_above(values: list[float], threshold: float, window: int) -> int | None:

@@ -43,13 +43,13 @@ def _check_d_ks(d_ks: object) -> tuple[int, ...]:
     if isinstance(d_ks, (str, bytes)) or not isinstance(d_ks, Sequence):
         raise TypeError(
             "d_ks must be a sequence of positive ints (a list, tuple or range), "
-            f"got {type(d_ks).__name__}"
+            f"got {type_name(d_ks)}"
         )
     if len(d_ks) == 0:
         raise ValueError("d_ks must hold at least one key dimension, got an empty sequence")
     for d_k in d_ks:
         if isinstance(d_k, bool) or not isinstance(d_k, numbers.Integral):
-            raise TypeError(f"each d_k must be an int, got {d_k!r} of type {type(d_k).__name__}")
+            raise TypeError(f"each d_k must be an int, got {d_k!r} of type {type_name(d_k)}")
         if d_k < 1:
             raise ValueError(f"each d_k must be >= 1, got d_k={d_k}")
     return tuple(int(d_k) for d_k in d_ks)
@@ -61,7 +61,7 @@ def _check_int(name: str, value: object, minimum: int) -> int:
 
 def _generator(seed: object) -> torch.Generator:
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"seed must be an int, got {seed!r} of type {type(seed).__name__}")
+        raise TypeError(f"seed must be an int, got {seed!r} of type {type_name(seed)}")
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got seed={seed}")
     return torch.Generator().manual_seed(int(seed))
@@ -362,7 +362,9 @@ def softmax_peakiness(
     num_samples = _check_int("num_samples", num_samples, 2)
     generator = _generator(seed)
 
-    stats = {key: [] for key in ("max_u", "max_s", "ent_u", "ent_s")}
+    stats: dict[str, list[torch.Tensor]] = {
+        key: [] for key in ("max_u", "max_s", "ent_u", "ent_s")
+    }
     for d_k in d_ks:
         attn_scores = _random_attn_scores(d_k, num_tokens, num_samples, generator)
         for tag, scores in (("u", attn_scores), ("s", attn_scores / math.sqrt(d_k))):
@@ -470,7 +472,7 @@ def query_gradient_norm(
 
     unscaled, scaled, gaps = [], [], []
     for d_k in d_ks:
-        norms = {1.0: [], math.sqrt(d_k): []}
+        norms: dict[float, list[torch.Tensor]] = {1.0: [], math.sqrt(d_k): []}
         gap = []
         for queries, keys in _random_queries_and_keys(d_k, num_tokens, num_samples, generator):
             attn_scores = (queries @ keys.transpose(-2, -1)).squeeze(-2)  # (size, num_tokens)
