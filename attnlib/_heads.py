@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._validation import type_name
+from ._validation import check_positive_int, type_name
 from .functional import causal_mask
 from .kv_cache import KVCache
 
@@ -61,8 +61,119 @@ def _keep_own_mask(
     key = prefix + "mask"
     incoming = state_dict.get(key)
     own = module.get_buffer("mask")
-    if isinstance(incoming, torch.Tensor) and incoming.shape == own.shape:
+    if incoming is None or (isinstance(incoming, torch.Tensor) and incoming.shape == own.shape):
+        # (A state_dict without a mask, saved by a module built with
+        # mask_buffer=False, loads too: the mask is the module's own either way.)
         state_dict[key] = own
+
+
+def _drop_incoming_mask(
+    module: nn.Module,
+    state_dict: dict[str, object],
+    prefix: str,
+    local_metadata: dict[str, object],
+    strict: bool,
+    missing_keys: list[str],
+    unexpected_keys: list[str],
+    error_msgs: list[str],
+) -> None:
+    # A module built with mask_buffer=False has no mask: a saved one (fully
+    # determined by context_length) is not an unexpected key, it is ignored.
+    state_dict.pop(prefix + "mask", None)
+
+
+def _register_no_mask(module: nn.Module) -> None:
+    """Register ``mask = None`` (no buffer, no state_dict entry); saved masks are ignored."""
+    module.register_buffer("mask", None)
+    module.register_load_state_dict_pre_hook(_drop_incoming_mask)
+
+
+def _head_dim(d_out: int, num_heads: int, head_dim: object) -> int:
+    """``head_dim``, checked, or ``d_out // num_heads`` when it is None.
+
+    Raises:
+        TypeError: ``head_dim`` is neither None nor an int.
+        ValueError: ``head_dim`` is not positive; or it is None and ``d_out``
+            is not divisible by ``num_heads``.
+    """
+    if head_dim is None:
+        if d_out % num_heads != 0:
+            raise ValueError(
+                f"d_out={d_out} is not divisible by num_heads={num_heads} "
+                "(or give head_dim, and the heads need not fill d_out)"
+            )
+        return d_out // num_heads
+    return check_positive_int("head_dim", head_dim)
+
+
+def _check_key_padding_mask(
+    key_padding_mask: object, batch: int, num_tokens_kv: int, device: torch.device
+) -> None:
+    """Check a ``(batch, num_tokens_kv)`` bool key-padding mask (None passes).
+
+    Raises:
+        TypeError: not a tensor, or not bool.
+        ValueError: wrong shape or device.
+    """
+    if key_padding_mask is None:
+        return
+    if not isinstance(key_padding_mask, torch.Tensor):
+        raise TypeError(f"key_padding_mask must be a bool tensor or None, got "
+                        f"{type_name(key_padding_mask)}")
+    if key_padding_mask.dtype != torch.bool:
+        raise TypeError(
+            f"key_padding_mask must be bool (True where a key is padding), got "
+            f"{key_padding_mask.dtype}"
+        )
+    if tuple(key_padding_mask.shape) != (batch, num_tokens_kv):
+        raise ValueError(
+            f"key_padding_mask must be (batch, num_tokens_kv) = ({batch}, {num_tokens_kv}), "
+            f"got {tuple(key_padding_mask.shape)}"
+        )
+    if key_padding_mask.device != device:
+        raise ValueError(f"key_padding_mask is on {key_padding_mask.device}, x on {device}")
+
+
+def _allowed_keys(
+    module: nn.Module,
+    num_cached: int,
+    num_tokens_kv: int,
+    fast: bool,
+    key_padding_mask: torch.Tensor | None = None,
+    causal: bool = True,
+) -> tuple[torch.Tensor | None, bool]:
+    """The mask of one attention call: ``(allowed, is_causal)``.
+
+    ``allowed`` is True where a query may attend to a key, for the new queries
+    at positions ``num_cached ... num_tokens_kv - 1`` (the bottom-right rows
+    of the causal mask) and the keys ``0 ... num_tokens_kv - 1``:
+    ``(N_q, num_tokens_kv)``, or ``(batch, 1, N_q, num_tokens_kv)`` with a
+    ``key_padding_mask`` (``(batch, num_tokens_kv)``, True where a key is
+    **padding**, torch's polarity, so it is inverted here). Rows come from the
+    module's ``mask`` buffer where it has one, else they are built for this
+    call only (``N_q x num_tokens_kv`` bools, not ``context_length**2``).
+
+    On the fast path (``fast=True``) from position 0 with no padding the
+    result is ``(None, True)``: torch's ``is_causal=True`` applies the same
+    mask without one being stored. Without causality (``causal=False``) and
+    without padding it is ``(None, False)``: every query sees every key.
+    """
+    if causal and fast and num_cached == 0 and key_padding_mask is None:
+        return None, True
+    allowed: torch.Tensor | None = None
+    if causal:
+        mask = module.get_buffer("mask") if "mask" in module._buffers else None
+        if mask is not None:
+            allowed = mask[num_cached:num_tokens_kv, :num_tokens_kv]  # (N_q, N_kv)
+        else:
+            device = next(module.parameters()).device
+            allowed = torch.ones(
+                num_tokens_kv - num_cached, num_tokens_kv, dtype=torch.bool, device=device
+            ).tril(diagonal=num_cached)  # (N_q, N_kv): key j <= num_cached + i
+    if key_padding_mask is not None:
+        keep = ~key_padding_mask[:, None, None, :]  # (batch, 1, 1, N_kv), True = real key
+        allowed = keep if allowed is None else keep & allowed  # (batch, 1, N_q, N_kv)
+    return allowed, False
 
 
 def _pack_qkv(W_query: nn.Linear, W_key: nn.Linear, W_value: nn.Linear) -> None:
@@ -216,6 +327,22 @@ def _sdpa_shared_kv(
     ``enable_gqa=True`` where torch has it (>= 2.5, no copies), else
     ``repeat_interleave``. Returns ``(b, num_heads, N_q, head_dim)``.
     """
+    out = _sdpa_grouped(queries, keys, values, attn_mask, is_causal, dropout_p)
+    if attn_mask is not None and attn_mask.ndim == 4:  # a key-padding mask: (b, 1, N_q, N_kv)
+        # Rows with no key at all: zeros, as attnlib.scaled_dot_product_attention gives
+        # (torch's CPU kernel does too; other backends may give NaN).
+        out = out.masked_fill(~attn_mask.any(dim=-1, keepdim=True), 0.0)
+    return out
+
+
+def _sdpa_grouped(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+) -> torch.Tensor:
     if keys.shape[1] == queries.shape[1]:
         return F.scaled_dot_product_attention(
             queries, keys, values, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal

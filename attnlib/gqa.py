@@ -23,10 +23,14 @@ import torch.nn as nn
 
 from . import functional as attn_functional
 from ._heads import (
+    _allowed_keys,
+    _check_key_padding_mask,
     _fused_qkv_projection,
+    _head_dim,
     _num_cached,
     _pack_qkv,
     _register_causal_mask,
+    _register_no_mask,
     _sdpa_shared_kv,
 )
 from ._validation import check_bool as _check_bool
@@ -42,8 +46,9 @@ __all__ = ["GroupedQueryAttention"]
 class GroupedQueryAttention(nn.Module):
     r"""Causal grouped-query self-attention, optionally with rotary position embeddings.
 
-    Queries are projected to ``num_heads`` heads of ``head_dim = d_out // num_heads``
-    features, as in :class:`attnlib.MultiHeadAttention`; keys and values to only
+    Queries are projected to ``num_heads`` heads of ``head_dim`` features
+    (``d_out // num_heads`` unless given), as in
+    :class:`attnlib.MultiHeadAttention`; keys and values to only
     ``num_kv_groups`` heads of the same size. Key/value head ``j`` serves query
     heads ``j * group_size ... (j + 1) * group_size - 1`` (consecutive query
     heads share, as :func:`torch.repeat_interleave` on the head dimension and
@@ -64,8 +69,8 @@ class GroupedQueryAttention(nn.Module):
 
     Args:
         d_in: size of each input embedding.
-        d_out: size of the layer's output (all query heads together); must be
-            divisible by ``num_heads``.
+        d_out: size of the layer's output; must be divisible by ``num_heads``
+            unless ``head_dim`` is given.
         context_length: the most tokens (cached and new) a sequence may have.
         dropout: probability of zeroing each attention weight in training
             mode, in ``[0, 1)``.
@@ -76,15 +81,33 @@ class GroupedQueryAttention(nn.Module):
         rope: keyword-only; rotate queries and keys with RoPE. Default ``False``
             (no positional information inside the layer).
         rope_base: keyword-only; RoPE's ``base``. Default 10000.
+        head_dim: keyword-only; features per head. Default None:
+            ``d_out // num_heads``. Given, the heads need not fill ``d_out``:
+            ``W_query`` maps ``d_in -> num_heads * head_dim`` and ``out_proj``
+            maps ``num_heads * head_dim -> d_out``, as in Qwen3 (hidden size
+            1024, 16 heads of 128) and Gemma.
+        mask_buffer: keyword-only; register the ``(context_length,
+            context_length)`` bool ``mask`` buffer. Default True (chapter 5's
+            way, and the reference book's). False registers none (``mask`` is
+            None, and no ``state_dict`` entry; a saved ``mask`` is ignored on
+            loading): the fast path from position 0 uses ``is_causal=True``,
+            and the other calls build the rows they need, ``num_tokens x
+            (num_cached + num_tokens)`` bools, for that call only. The buffer
+            is ``context_length**2`` bytes per layer: 64 MiB at 8 192 tokens,
+            1 GiB at 32 768 (``tests/test_gqa.py`` counts them); the outputs are
+            the same either way.
 
     Attributes:
-        W_query: ``nn.Linear(d_in, d_out, bias=qkv_bias)``.
+        W_query: ``nn.Linear(d_in, num_heads * head_dim, bias=qkv_bias)``.
         W_key, W_value: ``nn.Linear(d_in, num_kv_groups * head_dim, bias=qkv_bias)``.
-        out_proj: ``nn.Linear(d_out, d_out, bias=out_bias)``. Parameters are
-            created in the order ``W_query``, ``W_key``, ``W_value``, ``out_proj``.
-        head_dim: ``d_out // num_heads``; group_size: ``num_heads // num_kv_groups``.
+        out_proj: ``nn.Linear(num_heads * head_dim, d_out, bias=out_bias)``.
+            Parameters are created in the order ``W_query``, ``W_key``,
+            ``W_value``, ``out_proj``. (``num_heads * head_dim == d_out`` unless
+            ``head_dim`` was given.)
+        head_dim: features per head; group_size: ``num_heads // num_kv_groups``.
         rope: the :class:`attnlib.RotaryPositionalEmbedding`, or None.
-        mask: bool buffer ``(context_length, context_length)``, True = may attend.
+        mask: bool buffer ``(context_length, context_length)``, True = may
+            attend; None with ``mask_buffer=False``.
 
     Warning:
         Dropout acts in training mode, which is a module's default: call
@@ -99,8 +122,8 @@ class GroupedQueryAttention(nn.Module):
     Raises:
         TypeError: a size is not an int, ``dropout`` is not a float, or a flag
             is not a bool.
-        ValueError: a size is not positive; ``d_out`` is not divisible by
-            ``num_heads``; ``num_heads`` is not divisible by ``num_kv_groups``;
+        ValueError: a size is not positive; ``head_dim`` is None and ``d_out``
+            is not divisible by ``num_heads``; ``num_heads`` is not divisible by ``num_kv_groups``;
             ``dropout`` is outside ``[0, 1)``; with ``rope=True``, ``head_dim``
             is odd or ``rope_base`` is not finite and positive.
 
@@ -110,7 +133,7 @@ class GroupedQueryAttention(nn.Module):
     Su et al. (2021), RoFormer, eq. (34) (RoPE).
     """
 
-    mask: torch.Tensor  # the buffer that _register_causal_mask registers
+    mask: torch.Tensor | None  # the buffer of _register_causal_mask; None with mask_buffer=False
 
     def __init__(
         self,
@@ -125,6 +148,8 @@ class GroupedQueryAttention(nn.Module):
         out_bias: bool = True,
         rope: bool = False,
         rope_base: float = 10000.0,
+        head_dim: int | None = None,
+        mask_buffer: bool = True,
     ) -> None:
         _check_positive_int("d_in", d_in)
         _check_positive_int("d_out", d_out)
@@ -135,8 +160,8 @@ class GroupedQueryAttention(nn.Module):
         _check_bool("qkv_bias", qkv_bias)
         _check_bool("out_bias", out_bias)
         _check_bool("rope", rope)
-        if d_out % num_heads != 0:
-            raise ValueError(f"d_out={d_out} is not divisible by num_heads={num_heads}")
+        _check_bool("mask_buffer", mask_buffer)
+        head_dim = _head_dim(d_out, num_heads, head_dim)
         if num_heads % num_kv_groups != 0:
             raise ValueError(
                 f"num_heads={num_heads} is not divisible by num_kv_groups={num_kv_groups}: "
@@ -148,21 +173,25 @@ class GroupedQueryAttention(nn.Module):
         self.context_length = int(context_length)
         self.num_heads = int(num_heads)
         self.num_kv_groups = int(num_kv_groups)
-        self.head_dim = self.d_out // self.num_heads
+        self.head_dim = head_dim
         self.group_size = self.num_heads // self.num_kv_groups
         self.dropout_p = float(dropout)
+        q_dim = self.num_heads * self.head_dim  # d_out unless head_dim was given
         kv_dim = self.num_kv_groups * self.head_dim
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_query = nn.Linear(d_in, q_dim, bias=qkv_bias)
         self.W_key = nn.Linear(d_in, kv_dim, bias=qkv_bias)
         self.W_value = nn.Linear(d_in, kv_dim, bias=qkv_bias)
-        self.out_proj = nn.Linear(d_out, d_out, bias=out_bias)
+        self.out_proj = nn.Linear(q_dim, d_out, bias=out_bias)
         self.rope = (
             RotaryPositionalEmbedding(self.head_dim, self.context_length, rope_base)
             if rope
             else None
         )
         _pack_qkv(self.W_query, self.W_key, self.W_value)  # side by side, for the fast path
-        _register_causal_mask(self, self.context_length)
+        if mask_buffer:
+            _register_causal_mask(self, self.context_length)
+        else:  # no (context_length, context_length) buffer: masks are built per call
+            _register_no_mask(self)
 
     def _apply(self, *args: Any, **kwargs: Any) -> GroupedQueryAttention:
         # .to(), .double(), .cuda() give each parameter new storage: pack them
@@ -179,16 +208,19 @@ class GroupedQueryAttention(nn.Module):
         return_weights: Literal[False] = ...,
         *,
         kv_cache: KVCache | None = ...,
+        key_padding_mask: torch.Tensor | None = ...,
     ) -> torch.Tensor: ...
 
     @overload
     def forward(
-        self, x: torch.Tensor, return_weights: Literal[True], *, kv_cache: KVCache | None = ...
+        self, x: torch.Tensor, return_weights: Literal[True], *, kv_cache: KVCache | None = ...,
+        key_padding_mask: torch.Tensor | None = ...,
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     @overload
     def forward(
-        self, x: torch.Tensor, return_weights: bool, *, kv_cache: KVCache | None = ...
+        self, x: torch.Tensor, return_weights: bool, *, kv_cache: KVCache | None = ...,
+        key_padding_mask: torch.Tensor | None = ...,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
     def forward(
@@ -197,6 +229,7 @@ class GroupedQueryAttention(nn.Module):
         return_weights: bool = False,
         *,
         kv_cache: KVCache | None = None,
+        key_padding_mask: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Causal grouped-query self-attention of ``x``.
 
@@ -217,6 +250,17 @@ class GroupedQueryAttention(nn.Module):
                 bottom-right). Feeding a sequence in chunks, one call per chunk
                 with the same cache, gives the outputs of one call on the
                 whole sequence. Default None.
+            key_padding_mask: keyword-only; ``(batch, num_cached + num_tokens)``
+                bool, **True where a key is padding** (torch's meaning of this
+                keyword, as in ``nn.MultiheadAttention``: the *opposite*
+                polarity of attnlib's attention masks, which are True where a
+                query may attend). Padded keys get no weight; the causal mask
+                still applies. A query row whose keys are all masked (e.g. the
+                first tokens of a left-padded sequence) returns zeros, as
+                :func:`attnlib.scaled_dot_product_attention` does for
+                all-masked rows (torch's module returns NaN there). The
+                outputs at padded *query* positions are computed but
+                meaningless: ignore them (or mask the loss). Default None.
 
         Returns:
             ``context_vec``: ``(batch, num_tokens, d_out)``. With
@@ -231,13 +275,17 @@ class GroupedQueryAttention(nn.Module):
             ValueError: ``x`` is not 3-D, ``x.shape[-1] != d_in``, ``x`` has no
                 tokens, ``num_tokens > context_length``, the cached and new
                 tokens together exceed ``context_length``, the cache holds
-                another batch size or layout, or ``x`` is on another device.
+                another batch size or layout, or ``x`` is on another device;
+                ``key_padding_mask`` is not a bool tensor ``(batch,
+                num_cached + num_tokens)`` on ``x``'s device (TypeError for
+                the dtype).
         """
         _check_input(x, self.d_in, (3,), self.context_length, like=self.W_query.weight)
         _check_bool("return_weights", return_weights)
         b, num_tokens, _ = x.shape
         num_heads, num_kv_groups, head_dim = self.num_heads, self.num_kv_groups, self.head_dim
         num_cached = _num_cached(kv_cache, num_tokens, self.context_length)
+        _check_key_padding_mask(key_padding_mask, b, num_cached + num_tokens, x.device)
         if kv_cache is not None:
             kv_cache.check_next(b, num_kv_groups, head_dim, head_dim, x.dtype, x.device)
 
@@ -261,9 +309,11 @@ class GroupedQueryAttention(nn.Module):
             # keys, values: (b, num_kv_groups, num_cached + num_tokens, head_dim)
 
         dropout_p = self.dropout_p if self.training else 0.0
-        num_tokens_kv = keys.shape[-2]  # num_cached + num_tokens
-        # New queries are the last positions: bottom-right rows of the causal mask.
-        allowed = self.mask[num_cached:num_tokens_kv, :num_tokens_kv]  # True = may attend
+        # New queries are the last positions: bottom-right rows of the causal mask
+        # (True = may attend), or None where is_causal=True applies the same mask.
+        allowed, is_causal = _allowed_keys(
+            self, num_cached, keys.shape[-2], not return_weights, key_padding_mask
+        )
         if return_weights:
             # Give every query head its own copy of its group's key and value head.
             keys = keys.repeat_interleave(self.group_size, dim=1)
@@ -275,13 +325,11 @@ class GroupedQueryAttention(nn.Module):
             )  # (b, num_heads, num_tokens, head_dim), (b, num_heads, num_tokens, N_kv)
         else:  # torch shares the key/value heads itself (enable_gqa)
             context_vec = _sdpa_shared_kv(
-                queries, keys, values,
-                attn_mask=None if num_cached == 0 else allowed,
-                is_causal=num_cached == 0,
+                queries, keys, values, attn_mask=allowed, is_causal=is_causal,
                 dropout_p=dropout_p,
             )  # (b, num_heads, num_tokens, head_dim)
-        context_vec = context_vec.transpose(1, 2).reshape(b, num_tokens, self.d_out)
-        # context_vec: (b, num_tokens, d_out)
+        context_vec = context_vec.transpose(1, 2).reshape(b, num_tokens, num_heads * head_dim)
+        # context_vec: (b, num_tokens, num_heads * head_dim), d_out unless head_dim was given
         context_vec = self.out_proj(context_vec)  # (b, num_tokens, d_out)
         if return_weights:
             return context_vec, attn_weights

@@ -220,11 +220,22 @@ class MultiHeadAttention(GroupedQueryAttention):
             in the reference book and in ``torch.nn.MultiheadAttention``).
             ``from_torch`` sets it to ``False`` for a torch module built with
             ``bias=False``, whose output projection has no bias.
+        head_dim: keyword-only; features per head. Default None: ``d_out //
+            num_heads``. Given, the projections map ``d_in -> num_heads *
+            head_dim`` and ``out_proj`` maps ``num_heads * head_dim -> d_out``.
+        mask_buffer: keyword-only; register the ``(context_length,
+            context_length)`` bool ``mask`` buffer. Default True. With False,
+            ``mask`` is None, no memory grows with ``context_length**2``, and
+            every call goes through :meth:`attnlib.GroupedQueryAttention.forward`,
+            which builds the mask rows a call needs (or lets ``is_causal=True``
+            apply them); the outputs are the same.
 
     Attributes:
-        W_query, W_key, W_value: ``nn.Linear(d_in, d_out, bias=qkv_bias)``.
-        out_proj: ``nn.Linear(d_out, d_out, bias=out_bias)``.
-        head_dim: ``d_out // num_heads``.
+        W_query, W_key, W_value: ``nn.Linear(d_in, d_out, bias=qkv_bias)``
+            (``num_heads * head_dim`` outputs if ``head_dim`` was given).
+        out_proj: ``nn.Linear(d_out, d_out, bias=out_bias)`` (inputs
+            ``num_heads * head_dim`` if ``head_dim`` was given).
+        head_dim: ``d_out // num_heads`` unless given.
         num_kv_groups, group_size, rope: as in
             :class:`attnlib.GroupedQueryAttention`: ``num_heads``, 1 and None.
         dropout_p: the attention-weight dropout probability (a float; set it
@@ -232,7 +243,7 @@ class MultiHeadAttention(GroupedQueryAttention):
         mask: bool buffer ``(context_length, context_length)``, True = may
             attend; used by the readable path and saved in the ``state_dict``
             under ``mask`` (as in the reference). Loading keeps the module's own
-            mask, as for :class:`CausalAttention`.
+            mask, as for :class:`CausalAttention`. None with ``mask_buffer=False``.
 
     Warning:
         Dropout acts in training mode, which is a module's default: call
@@ -263,9 +274,9 @@ class MultiHeadAttention(GroupedQueryAttention):
     Raises:
         TypeError: a size is not an int, ``dropout`` is not a float, or
             ``qkv_bias``/``out_bias`` is not a bool.
-        ValueError: ``d_in``, ``d_out``, ``context_length`` or ``num_heads`` is
-            not positive; ``d_out`` is not divisible by ``num_heads``;
-            ``dropout`` is outside ``[0, 1)``.
+        ValueError: ``d_in``, ``d_out``, ``context_length``, ``num_heads`` or
+            ``head_dim`` is not positive; ``head_dim`` is None and ``d_out`` is
+            not divisible by ``num_heads``; ``dropout`` is outside ``[0, 1)``.
 
     Source: Vaswani et al. (2017), "Attention Is All You Need", section 3.2.2
     (multi-head attention, ``MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O``)
@@ -283,13 +294,15 @@ class MultiHeadAttention(GroupedQueryAttention):
         qkv_bias: bool = False,
         *,
         out_bias: bool = True,
+        head_dim: int | None = None,
+        mask_buffer: bool = True,
     ) -> None:
         # Grouped-query attention with one key/value head per query head: the
         # checks (with these arguments, the same errors), the four projections
         # in the book's order, the packed fast path and the mask buffer.
         super().__init__(
             d_in, d_out, context_length, dropout, num_heads, num_kv_groups=num_heads,
-            qkv_bias=qkv_bias, out_bias=out_bias,
+            qkv_bias=qkv_bias, out_bias=out_bias, head_dim=head_dim, mask_buffer=mask_buffer,
         )
 
     @overload
@@ -299,16 +312,19 @@ class MultiHeadAttention(GroupedQueryAttention):
         return_weights: Literal[False] = ...,
         *,
         kv_cache: KVCache | None = ...,
+        key_padding_mask: torch.Tensor | None = ...,
     ) -> torch.Tensor: ...
 
     @overload
     def forward(
-        self, x: torch.Tensor, return_weights: Literal[True], *, kv_cache: KVCache | None = ...
+        self, x: torch.Tensor, return_weights: Literal[True], *, kv_cache: KVCache | None = ...,
+        key_padding_mask: torch.Tensor | None = ...,
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     @overload
     def forward(
-        self, x: torch.Tensor, return_weights: bool, *, kv_cache: KVCache | None = ...
+        self, x: torch.Tensor, return_weights: bool, *, kv_cache: KVCache | None = ...,
+        key_padding_mask: torch.Tensor | None = ...,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
     def forward(
@@ -317,6 +333,7 @@ class MultiHeadAttention(GroupedQueryAttention):
         return_weights: bool = False,
         *,
         kv_cache: KVCache | None = None,
+        key_padding_mask: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Causal multi-head self-attention of ``x``.
 
@@ -332,6 +349,13 @@ class MultiHeadAttention(GroupedQueryAttention):
                 other. The call is then
                 :meth:`attnlib.GroupedQueryAttention.forward`'s, which documents
                 it. Default None.
+            key_padding_mask: keyword-only; ``(batch, num_tokens)`` bool (with
+                a cache, ``num_cached + num_tokens``), **True where a key is
+                padding**: torch's meaning of the keyword, the *opposite* of
+                attnlib's attention masks (True = may attend). Combined with
+                the causal mask; a query whose keys are all padding returns
+                zeros (``nn.MultiheadAttention`` gives NaN). See
+                :meth:`attnlib.GroupedQueryAttention.forward`. Default None.
 
         Returns:
             ``context_vec``: ``(batch, num_tokens, d_out)``. With
@@ -350,8 +374,11 @@ class MultiHeadAttention(GroupedQueryAttention):
                 tokens together exceed ``context_length``, or the cache holds
                 another batch size or layout.
         """
-        if kv_cache is not None:  # generating token by token: chapter 9's forward
-            return super().forward(x, return_weights, kv_cache=kv_cache)
+        if kv_cache is not None or key_padding_mask is not None or self.mask is None:
+            # chapter 9's forward: a cache, padding, or no mask buffer
+            return super().forward(
+                x, return_weights, kv_cache=kv_cache, key_padding_mask=key_padding_mask
+            )
         _check_input(x, self.d_in, (3,), self.context_length, like=self.W_query.weight)
         _check_bool("return_weights", return_weights)
         b, num_tokens, _ = x.shape
@@ -383,8 +410,8 @@ class MultiHeadAttention(GroupedQueryAttention):
             )  # (b, num_heads, num_tokens, head_dim)
 
         # Put the heads back side by side: reshape copies, as the transpose is not contiguous.
-        context_vec = context_vec.transpose(1, 2).reshape(b, num_tokens, self.d_out)
-        # context_vec: (b, num_tokens, d_out)
+        context_vec = context_vec.transpose(1, 2).reshape(b, num_tokens, num_heads * head_dim)
+        # context_vec: (b, num_tokens, num_heads * head_dim), d_out unless head_dim was given
         context_vec = self.out_proj(context_vec)  # (b, num_tokens, d_out)
         if return_weights:
             return context_vec, attn_weights
@@ -501,11 +528,16 @@ class MultiHeadAttention(GroupedQueryAttention):
             A ``torch.nn.MultiheadAttention`` with ``embed_dim = d_out``.
 
         Raises:
-            ValueError: ``d_in != d_out`` (torch's self-attention uses one
-                ``embed_dim`` for both).
+            ValueError: ``d_in != d_out``, or ``num_heads * head_dim != d_out``
+                (torch's self-attention uses one ``embed_dim`` for all three).
 
         Source: the parameter layout of :class:`torch.nn.MultiheadAttention`.
         """
+        if self.num_heads * self.head_dim != self.d_out:
+            raise ValueError(
+                f"to_torch needs num_heads * head_dim == d_out (torch's embed_dim), got "
+                f"num_heads={self.num_heads}, head_dim={self.head_dim}, d_out={self.d_out}"
+            )
         if self.d_in != self.d_out:
             raise ValueError(
                 f"to_torch needs d_in == d_out (torch's embed_dim), got d_in={self.d_in} "

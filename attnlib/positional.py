@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -391,7 +393,44 @@ class RotaryPositionalEmbedding(nn.Module):
     Args:
         head_dim: size of each query and key vector; must be even.
         context_length: the most positions (``0 .. context_length - 1``).
-        base: the constant of the frequencies. Default 10000, as in the paper.
+        base: the constant of the frequencies. Default 10000, as in the paper
+            (Llama 3 uses 500 000: lower frequencies, longer wavelengths).
+        scaling: keyword-only; how to stretch the rotation for contexts longer
+            than the trained one, a dict with ``rope_type`` and that type's
+            options, under the names of transformers' ``rope_parameters`` (so
+            a model's config can be passed on as it is; its ``rope_theta``, if
+            present, must equal ``base``). Default None (``"default"``). With
+            ``theta_i = base^(-2i / head_dim)`` and ``L`` the original context
+            (``original_max_position_embeddings``):
+
+            * ``"linear"`` (``factor``): position interpolation, ``theta_i /
+              factor`` for every pair, so that ``factor * L`` positions span
+              the angles ``L`` did (Chen et al. 2023);
+            * ``"ntk"`` (``factor``): NTK-aware scaling, the base raised to
+              ``base * factor^(head_dim / (head_dim - 2))``: the fastest pair
+              is unchanged and the slowest is divided by ``factor`` (bloc97,
+              2023; transformers' ``"dynamic"`` applies it with a factor that
+              grows with each call's length, at the call's length
+              ``seq_len``: ``factor_eff = factor * seq_len / L - (factor - 1)``);
+            * ``"yarn"`` (``factor``, ``original_max_position_embeddings``;
+              optional ``beta_fast=32``, ``beta_slow=1``, ``attention_factor``,
+              ``mscale``, ``mscale_all_dim``, ``truncate=True``): pairs that
+              turn more than ``beta_fast`` times over ``L`` are kept, pairs
+              that turn fewer than ``beta_slow`` times are interpolated,
+              linearly blended between; and cos, sin are multiplied by
+              ``attention_factor`` (default ``0.1 ln(factor) + 1``), which
+              sharpens the softmax (Peng et al. 2023, sections 3.2-3.4);
+            * ``"llama3"`` (``factor``, ``original_max_position_embeddings``,
+              ``low_freq_factor``, ``high_freq_factor``): Llama 3.1's rule:
+              wavelengths ``2 pi / theta_i`` shorter than ``L /
+              high_freq_factor`` kept, longer than ``L / low_freq_factor``
+              divided by ``factor``, a smooth blend between (Meta's
+              ``apply_scaling``; Llama 3.1 uses 8, 8192, 1, 4).
+
+            ``inv_freq`` and ``attention_scaling`` equal transformers'
+            ``ROPE_INIT_FUNCTIONS[rope_type]`` for the same parameters
+            (``tests/test_positional.py``), which compute in float32 where
+            attnlib computes in float64.
 
     Shape:
         - Input ``x``: ``(..., num_tokens, head_dim)``, e.g.
@@ -404,27 +443,46 @@ class RotaryPositionalEmbedding(nn.Module):
             and ``sin(m theta_i)`` (each frequency twice, once per half),
             computed and kept in float64 (``.to(dtype)`` converts them); cast
             to the input's dtype in ``forward``. Not saved in the ``state_dict``.
+            Both are multiplied by ``attention_scaling``.
+        inv_freq: ``(head_dim // 2,)`` float64 tensor, the angle per position
+            of each pair after scaling (a plain attribute, not a buffer).
+        attention_scaling: float, 1 except for YaRN.
+        scaling: the checked options, a dict with ``rope_type``.
 
     Raises:
-        TypeError: (constructor) a size is not an int or ``base`` is not a real
-            number; (forward) ``x`` is not a floating-point tensor, or
-            ``offset`` is not an int.
+        TypeError: (constructor) a size is not an int, ``base`` is not a real
+            number or ``scaling`` is not a dict; (forward) ``x`` is not a
+            floating-point tensor, or ``offset`` is not an int.
         ValueError: (constructor) ``head_dim`` is odd or not positive,
-            ``context_length`` is not positive, or ``base`` is not finite and
-            positive; (forward) ``x`` has fewer than 2 dimensions or
+            ``context_length`` is not positive, ``base`` is not finite and
+            positive, or ``scaling`` names an unknown ``rope_type``, lacks a
+            required option, has an unknown one or a non-positive value;
+            (forward) ``x`` has fewer than 2 dimensions or
             ``x.shape[-1] != head_dim``, ``offset`` is negative,
             ``offset + num_tokens > context_length``, or ``x`` is on another
             device than the buffers.
 
     Source: Su et al. (2021), "RoFormer: Enhanced Transformer with Rotary
     Position Embedding", section 3.4, eq. (34) (adjacent-pair layout); the
-    half-split layout of GPT-NeoX (Black et al. 2022).
+    half-split layout of GPT-NeoX (Black et al. 2022). Scaling: Chen et al.
+    (2023), "Extending Context Window of Large Language Models via Positional
+    Interpolation", section 2.3; bloc97 (2023), "NTK-Aware Scaled RoPE"
+    (Reddit r/LocalLLaMA); Peng et al. (2023), "YaRN: Efficient Context Window
+    Extension of Large Language Models", section 3; Meta's Llama 3.1
+    ``apply_scaling`` (llama-models); transformers' ``modeling_rope_utils``.
     """
 
     cos: torch.Tensor
     sin: torch.Tensor
 
-    def __init__(self, head_dim: int, context_length: int, base: float = 10000.0) -> None:
+    def __init__(
+        self,
+        head_dim: int,
+        context_length: int,
+        base: float = 10000.0,
+        *,
+        scaling: Mapping[str, object] | None = None,
+    ) -> None:
         _check_positive_int("head_dim", head_dim)
         _check_positive_int("context_length", context_length)
         _check_base(base)
@@ -436,12 +494,15 @@ class RotaryPositionalEmbedding(nn.Module):
         self.head_dim = int(head_dim)
         self.context_length = int(context_length)
         self.base = float(base)
-        theta = _frequencies(self.head_dim, self.base)  # (head_dim // 2,), float64
+        self.scaling = _check_scaling(scaling, self.base)
+        theta, self.attention_scaling = _scaled_frequencies(self.head_dim, self.base, self.scaling)
+        self.inv_freq = theta  # (head_dim // 2,), float64: the angle per position of each pair
         positions = torch.arange(self.context_length, dtype=torch.float64)  # (context_length,)
         angles = torch.outer(positions, theta)  # (context_length, head_dim // 2)
         angles = torch.cat([angles, angles], dim=-1)  # (context_length, head_dim): both halves
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        # YaRN's attention factor scales cos and sin (so q.k by its square), as in transformers.
+        self.register_buffer("cos", angles.cos() * self.attention_scaling, persistent=False)
+        self.register_buffer("sin", angles.sin() * self.attention_scaling, persistent=False)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """Rotate each vector of ``x`` by the angle of its position.
@@ -485,6 +546,118 @@ class RotaryPositionalEmbedding(nn.Module):
         return x * cos + _rotate_half(x) * sin  # (..., num_tokens, head_dim)
 
     def extra_repr(self) -> str:
+        scaling = f", scaling={self.scaling}" if self.scaling["rope_type"] != "default" else ""
         return (
-            f"head_dim={self.head_dim}, context_length={self.context_length}, base={self.base}"
+            f"head_dim={self.head_dim}, context_length={self.context_length}, "
+            f"base={self.base}{scaling}"
         )
+
+
+#: The keys each ``rope_type`` accepts (transformers' names), required ones first.
+_SCALING_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "default": ((), ()),
+    "linear": (("factor",), ()),
+    "ntk": (("factor",), ()),
+    "yarn": (
+        ("factor", "original_max_position_embeddings"),
+        ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate"),
+    ),
+    "llama3": (
+        ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"),
+        (),
+    ),
+}
+
+
+def _check_scaling(scaling: object, base: float) -> dict[str, object]:
+    """The scaling options as a dict with ``rope_type``; checks names and values."""
+    if scaling is None:
+        return {"rope_type": "default"}
+    if not isinstance(scaling, Mapping):
+        raise TypeError(f"scaling must be a dict or None, got {type_name(scaling)}")
+    options = dict(scaling)
+    rope_type = options.pop("rope_type", options.pop("type", "default"))
+    if rope_type not in _SCALING_KEYS:
+        raise ValueError(
+            f"scaling's rope_type={rope_type!r} is not one of {sorted(_SCALING_KEYS)} "
+            "(transformers' 'dynamic' NTK changes the frequencies with each call's length: "
+            "use 'ntk', its static form, with the factor you need)"
+        )
+    theta = options.pop("rope_theta", base)
+    if float(theta) != base:
+        raise ValueError(f"scaling has rope_theta={theta} but base={base}")
+    if options.pop("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(
+            "partial_rotary_factor != 1 is not supported: RoPE rotates all of head_dim"
+        )
+    required, optional = _SCALING_KEYS[str(rope_type)]
+    missing = [k for k in required if options.get(k) is None]
+    unknown = sorted(set(options) - set(required) - set(optional))
+    if missing or unknown:
+        raise ValueError(
+            f"scaling for rope_type={rope_type!r} needs {list(required)} and accepts "
+            f"{list(optional)}; missing {missing}, unknown {unknown}"
+        )
+    for key, value in options.items():
+        if key == "truncate" or value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
+            math.isfinite(value) and float(value) > 0
+        ):
+            raise ValueError(f"scaling's {key} must be a finite positive number, got {value!r}")
+    if rope_type == "llama3" and not (
+        float(options["high_freq_factor"]) > float(options["low_freq_factor"])
+    ):
+        raise ValueError("scaling's high_freq_factor must exceed low_freq_factor")
+    return {"rope_type": rope_type, **options}
+
+
+def _scaled_frequencies(
+    head_dim: int, base: float, scaling: Mapping[str, Any]
+) -> tuple[torch.Tensor, float]:
+    """``(inv_freq, attention_scaling)``: the ``(head_dim // 2,)`` float64 angle per
+    position of each pair, and the factor on cos and sin, for a checked ``scaling``."""
+    rope_type = scaling["rope_type"]
+    theta = _frequencies(head_dim, base)  # base^(-2i / head_dim)
+    if rope_type == "default":
+        return theta, 1.0
+    factor = float(scaling["factor"])
+    if rope_type == "linear":  # position interpolation: position m acts as m / factor
+        return theta / factor, 1.0
+    if rope_type == "ntk":  # NTK-aware: a larger base, so the lowest frequency is divided by factor
+        return _frequencies(head_dim, base * factor ** (head_dim / (head_dim - 2))), 1.0
+    original = float(scaling["original_max_position_embeddings"])
+    wavelength = 2 * math.pi / theta  # positions per turn of each pair
+    if rope_type == "llama3":
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        # Short wavelengths (< original / high) unchanged, long ones (> original / low)
+        # interpolated (divided by factor), a smooth blend between the two.
+        smooth = ((original / wavelength - low) / (high - low)).clamp(0.0, 1.0)
+        return (1 - smooth) * theta / factor + smooth * theta, 1.0
+    # yarn: pairs turning more than beta_fast times over the original context are
+    # unchanged, fewer than beta_slow times interpolated, a linear ramp between.
+    beta_fast = float(scaling.get("beta_fast") or 32.0)
+    beta_slow = float(scaling.get("beta_slow") or 1.0)
+
+    def pair_index(turns: float) -> float:  # the (fractional) pair turning `turns` times
+        return head_dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = pair_index(beta_fast), pair_index(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # as transformers, against a division by zero
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    inv_freq = theta / factor * ramp + theta * (1 - ramp)
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        def mscale(scale: float, m: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        m_, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        if m_ and m_all:
+            attention = mscale(factor, float(m_)) / mscale(factor, float(m_all))
+        else:
+            attention = mscale(factor)
+    return inv_freq, float(attention)

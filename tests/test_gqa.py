@@ -275,3 +275,100 @@ def test_fast_path_without_gradients_stacks_the_weights_without_copying():
         out = m(x)
     assert "aten::cat" not in {e.name for e in prof.events()}
     assert_close(out, expected, atol=1e-12, rtol=1e-10)
+
+
+# -- head_dim different from d_out // num_heads (Qwen3, Gemma) -------------------
+
+
+@pytest.mark.parametrize("cls", ["gqa", "mha"])
+@pytest.mark.parametrize("return_weights", [False, True])
+def test_head_dim_keyword_decouples_heads_from_d_out(cls, return_weights):
+    torch.manual_seed(20)
+    if cls == "gqa":
+        m = GroupedQueryAttention(10, 12, 16, 0.0, 4, 2, head_dim=6, rope=True)
+    else:
+        m = MultiHeadAttention(10, 12, 16, 0.0, 4, head_dim=6)
+    m = m.double().eval()
+    assert m.head_dim == 6
+    assert m.W_query.weight.shape == (24, 10)
+    assert m.W_key.weight.shape == (m.num_kv_groups * 6, 10)
+    assert m.out_proj.weight.shape == (12, 24)  # num_heads * head_dim -> d_out
+    x = torch.randn(2, 9, 10, dtype=torch.float64)
+    out = m(x, return_weights) if return_weights else m(x)
+    out = out[0] if return_weights else out
+    assert out.shape == (2, 9, 12)
+    assert_close(out, _reference(m, x), atol=1e-12, rtol=1e-10)
+    cache = KVCache()  # cached decoding with the new shapes
+    steps = [m(x[:, :5], kv_cache=cache)] + [m(x[:, t : t + 1], kv_cache=cache)
+                                             for t in range(5, 9)]
+    assert_close(torch.cat(steps, dim=1), out, atol=1e-12, rtol=1e-10)
+
+
+def test_head_dim_lets_d_out_be_indivisible_and_is_checked():
+    m = GroupedQueryAttention(8, 10, 4, 0.0, 3, 1, head_dim=4)  # 10 % 3 != 0 is fine now
+    assert m.out_proj.in_features == 12
+    with pytest.raises(ValueError, match="d_out=10 is not divisible by num_heads=3"):
+        GroupedQueryAttention(8, 10, 4, 0.0, 3, 1)
+    with pytest.raises(ValueError, match="head_dim"):
+        GroupedQueryAttention(8, 12, 4, 0.0, 3, 1, head_dim=0)
+    with pytest.raises(TypeError, match="head_dim"):
+        MultiHeadAttention(8, 12, 4, 0.0, 3, head_dim=4.0)
+    with pytest.raises(ValueError, match="num_heads \\* head_dim == d_out"):
+        MultiHeadAttention(8, 8, 4, 0.0, 2, head_dim=2).to_torch()
+
+
+# -- no (context_length x context_length) mask buffer ----------------------------
+
+
+def _buffer_bytes(module: torch.nn.Module) -> int:
+    return sum(b.numel() * b.element_size() for b in module.buffers())
+
+
+@pytest.mark.parametrize(("context_length", "expected"),
+                         [(8192, 64 * 2**20), (32768, 2**30)])
+def test_no_mask_buffer_saves_context_length_squared_bytes(context_length, expected):
+    # Built on the meta device: shapes and bytes without allocating the GiB.
+    with torch.device("meta"):
+        with_buffer = GroupedQueryAttention(64, 64, context_length, 0.0, 4, 2)
+        without = GroupedQueryAttention(64, 64, context_length, 0.0, 4, 2, mask_buffer=False)
+        mha = MultiHeadAttention(64, 64, context_length, 0.0, 4, mask_buffer=False)
+    assert _buffer_bytes(with_buffer) == context_length**2 == expected
+    assert _buffer_bytes(without) == 0 and _buffer_bytes(mha) == 0
+    assert without.mask is None and "mask" not in without.state_dict()
+
+
+@pytest.mark.parametrize("cls", ["gqa", "mha"])
+@pytest.mark.parametrize("return_weights", [False, True])
+def test_no_mask_buffer_gives_the_same_outputs(cls, return_weights):
+    def build(mask_buffer):
+        torch.manual_seed(21)
+        if cls == "gqa":
+            m = GroupedQueryAttention(10, 12, 16, 0.0, 6, 2, rope=True, mask_buffer=mask_buffer)
+        else:
+            m = MultiHeadAttention(10, 12, 16, 0.0, 6, mask_buffer=mask_buffer)
+        return m.double().eval()
+
+    ref, lean = build(True), build(False)
+    x = torch.randn(2, 11, 10, dtype=torch.float64)
+    expected = ref(x, True) if return_weights else ref(x)
+    got = lean(x, True) if return_weights else lean(x)
+    assert_close(got, expected, atol=1e-12, rtol=1e-10)
+    assert_close(got[0] if return_weights else got, _reference(ref, x), atol=1e-12, rtol=1e-10)
+    cache = KVCache()
+    chunks = [lean(x[:, :4], kv_cache=cache), lean(x[:, 4:7], kv_cache=cache)]
+    chunks += [lean(x[:, t : t + 1], kv_cache=cache) for t in range(7, 11)]
+    assert_close(torch.cat(chunks, dim=1), _reference(ref, x), atol=1e-12, rtol=1e-10)
+
+
+def test_state_dicts_load_across_mask_buffer():
+    torch.manual_seed(22)
+    ref = MultiHeadAttention(6, 6, 8, 0.0, 2)
+    lean = MultiHeadAttention(6, 6, 8, 0.0, 2, mask_buffer=False)
+    lean.load_state_dict(ref.state_dict())  # the saved mask is ignored, strict loading
+    assert lean.mask is None
+    assert_close(lean.W_key.weight, ref.W_key.weight)
+    back = MultiHeadAttention(6, 6, 8, 0.0, 2)
+    back.load_state_dict(lean.state_dict())  # no mask saved: the module keeps its own
+    assert torch.equal(back.mask, causal_mask(8))
+    with pytest.raises(TypeError, match="mask_buffer"):
+        GroupedQueryAttention(6, 6, 8, 0.0, 2, 1, mask_buffer=None)

@@ -496,3 +496,99 @@ def test_rope_forward_errors_name_the_numbers():
 
 def test_rope_is_exported():
     assert attnlib.RotaryPositionalEmbedding is RotaryPositionalEmbedding
+
+
+# -- RoPE scaling options against transformers' initialisations ------------------
+
+_SCALINGS = [
+    {"rope_type": "linear", "factor": 4.0},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+    {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 4096,
+     "beta_fast": 16, "beta_slow": 2, "mscale": 1.0, "mscale_all_dim": 0.5},
+    {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 128,
+     "attention_factor": 1.3, "truncate": False},
+    {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192,
+     "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+    {"rope_type": "llama3", "factor": 4.0, "original_max_position_embeddings": 256,
+     "low_freq_factor": 2.0, "high_freq_factor": 8.0},
+]
+
+
+def _hf_config(head_dim, base, params, max_positions=16384):
+    transformers = pytest.importorskip("transformers")
+    return transformers.LlamaConfig(
+        hidden_size=4 * head_dim, num_attention_heads=4, head_dim=head_dim,
+        max_position_embeddings=max_positions, rope_parameters={"rope_theta": base, **params},
+    )
+
+
+@pytest.mark.parametrize("params", _SCALINGS, ids=lambda p: p["rope_type"])
+@pytest.mark.parametrize(("head_dim", "base"), [(64, 10000.0), (128, 500000.0), (16, 10000.0)])
+def test_rope_scaling_equals_transformers(params, head_dim, base):
+    pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = _hf_config(head_dim, base, params)
+    hf_inv_freq, hf_attention = ROPE_INIT_FUNCTIONS[params["rope_type"]](config, "cpu")
+    rope = RotaryPositionalEmbedding(head_dim, 32, base, scaling=params)
+    # transformers computes in float32, attnlib in float64
+    torch.testing.assert_close(rope.inv_freq, hf_inv_freq.double(), rtol=1e-6, atol=0)
+    assert rope.attention_scaling == pytest.approx(hf_attention, rel=1e-12)
+    unscaled = RotaryPositionalEmbedding(head_dim, 32, base)
+    assert not torch.allclose(rope.inv_freq, unscaled.inv_freq)  # the option did something
+
+
+@pytest.mark.parametrize("factor", [2.0, 4.0, 8.0])
+def test_ntk_equals_transformers_dynamic_ntk_at_its_matching_length(factor):
+    # transformers' "dynamic" uses base * (factor * s / L - (factor - 1))^(d / (d - 2)) at
+    # the call's length s: at s = L (2 factor - 1) / factor that is attnlib's static
+    # base * factor^(d / (d - 2)).
+    pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    head_dim, base, original = 64, 10000.0, 2048
+    config = _hf_config(head_dim, base, {"rope_type": "dynamic", "factor": factor},
+                        max_positions=original)
+    seq_len = original * (2 * factor - 1) / factor
+    hf_inv_freq, _ = ROPE_INIT_FUNCTIONS["dynamic"](config, "cpu", seq_len=seq_len)
+    rope = RotaryPositionalEmbedding(head_dim, 8, base, scaling={"rope_type": "ntk",
+                                                                 "factor": factor})
+    torch.testing.assert_close(rope.inv_freq, hf_inv_freq.double(), rtol=1e-6, atol=0)
+    # the fastest pair is unchanged, the slowest divided by factor
+    theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    assert rope.inv_freq[0] == theta[0]
+    assert rope.inv_freq[-1].item() == pytest.approx(theta[-1].item() / factor, rel=1e-12)
+
+
+def test_linear_scaling_is_position_interpolation():
+    # position m with factor f rotates as position m / f did: rope_f(x, 4 m) == rope(x, m)
+    plain = RotaryPositionalEmbedding(8, 64)
+    stretched = RotaryPositionalEmbedding(8, 64, scaling={"rope_type": "linear", "factor": 4.0})
+    x = torch.randn(3, 8, dtype=torch.float64)
+    for m in (1, 5, 15):
+        torch.testing.assert_close(stretched(x, offset=4 * m)[0], plain(x, offset=m)[0])
+
+
+def test_yarn_attention_factor_scales_cos_and_sin():
+    params = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+    rope = RotaryPositionalEmbedding(8, 32, scaling=params)
+    assert rope.attention_scaling == pytest.approx(0.1 * math.log(4.0) + 1)
+    x = torch.randn(5, 8, dtype=torch.float64)
+    norms = rope(x).norm(dim=-1) / x.norm(dim=-1)
+    torch.testing.assert_close(norms, torch.full((5,), rope.attention_scaling,
+                                                 dtype=torch.float64))
+
+
+@pytest.mark.parametrize(("scaling", "error", "match"), [
+    ({"rope_type": "dynamic", "factor": 2.0}, ValueError, "rope_type='dynamic'"),
+    ({"rope_type": "linear"}, ValueError, "missing \\['factor'\\]"),
+    ({"rope_type": "linear", "factor": 2.0, "beta_fast": 3}, ValueError, "unknown \\['beta_fast'\\]"),
+    ({"rope_type": "linear", "factor": -2.0}, ValueError, "factor must be a finite positive"),
+    ({"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}, ValueError, "rope_theta=500"),
+    ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 64,
+      "low_freq_factor": 4.0, "high_freq_factor": 1.0}, ValueError, "high_freq_factor"),
+    ([("rope_type", "linear")], TypeError, "scaling must be a dict"),
+])
+def test_rope_scaling_is_checked(scaling, error, match):
+    with pytest.raises(error, match=match):
+        RotaryPositionalEmbedding(8, 16, scaling=scaling)

@@ -1,0 +1,357 @@
+"""Weights from Hugging Face ``transformers``: attention layers in and out of attnlib.
+
+Each function is named for the model family whose layout it converts; none
+imports ``transformers`` (it reads the module's attributes, so attnlib does
+not depend on it; the tests build tiny random models with it):
+
+* :func:`gqa_from_llama_attention` / :func:`gqa_to_llama_attention`: the
+  attention of Llama, Mistral and Qwen2 (``LlamaAttention``,
+  ``MistralAttention``, ``Qwen2Attention``) and an
+  :class:`attnlib.GroupedQueryAttention` with RoPE;
+* :func:`mha_from_gpt2_attention` / :func:`mha_to_gpt2_attention`: GPT-2's
+  ``GPT2Attention`` and an :class:`attnlib.MultiHeadAttention`.
+
+**The layouts converted.**
+
+*Llama family.* ``q_proj``, ``k_proj``, ``v_proj`` and ``o_proj`` are
+``nn.Linear`` layers, weights ``(out_features, in_features)`` as attnlib's:
+``q_proj (num_heads * head_dim, hidden)``, ``k_proj``/``v_proj``
+``(num_key_value_heads * head_dim, hidden)``, ``o_proj (hidden, num_heads *
+head_dim)``; they are copied as they are into ``W_query``, ``W_key``,
+``W_value`` and ``out_proj``. Heads are consecutive blocks of ``head_dim``
+rows, and query head ``h`` uses key/value head ``h // (num_heads //
+num_key_value_heads)`` (``repeat_kv``), which is attnlib's grouping. The
+rotary embedding is not part of HF's attention module (the model computes
+``cos`` and ``sin`` once and passes them in); it is rebuilt from the module's
+``config``: ``rope_theta`` and the ``rope_type`` scaling (see
+:class:`attnlib.RotaryPositionalEmbedding`). HF's checkpoints use the
+*half-split* RoPE layout (pair ``(i, i + head_dim/2)``, ``rotate_half``),
+which is attnlib's, so no permutation is needed. Meta's *original* LLaMA
+checkpoints (``consolidated.*.pth``) pair *adjacent* components ``(2i, 2i +
+1)``: HF's conversion script permutes the rows of ``wq`` and ``wk`` within each
+head (even components first, then odd ones) before they reach
+``q_proj``/``k_proj``; a model loaded through ``transformers`` is already
+permuted, and loading Meta's files directly needs that permutation first
+(chapter 9 shows it).
+
+*GPT-2.* ``c_attn`` and ``c_proj`` are ``Conv1D`` layers, whose weight is
+``(in_features, out_features)``: the transpose of ``nn.Linear``'s.
+``c_attn.weight`` is ``(d, 3 d)``, columns ``[W_q | W_k | W_v]``, and
+``c_attn.bias`` ``(3 d,)`` likewise; ``c_proj.weight`` is ``(d, d)``. So
+``W_query.weight = c_attn.weight[:, :d].T`` and ``out_proj.weight =
+c_proj.weight.T``.
+
+Source: the parameter layouts of ``transformers``' ``modeling_llama.py``,
+``modeling_mistral.py``, ``modeling_qwen2.py`` and ``modeling_gpt2.py``, and
+``convert_llama_weights_to_hf.py`` (its ``permute``); Touvron et al. (2023),
+"LLaMA"; Radford et al. (2019), GPT-2.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from ._validation import check_positive_int, type_name
+from .gqa import GroupedQueryAttention
+from .multihead import MultiHeadAttention
+from .positional import RotaryPositionalEmbedding
+
+__all__ = [
+    "gqa_from_llama_attention",
+    "gqa_to_llama_attention",
+    "mha_from_gpt2_attention",
+    "mha_to_gpt2_attention",
+]
+
+_LLAMA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def _config(hf_attn: object) -> Any:
+    config = getattr(hf_attn, "config", None)
+    if config is None:
+        raise TypeError(f"expected a transformers attention module with a config, got "
+                        f"{type_name(hf_attn)}")
+    return config
+
+
+def _check_llama_like(hf_attn: object) -> None:
+    if not isinstance(hf_attn, nn.Module) or not all(
+        isinstance(getattr(hf_attn, n, None), nn.Linear) for n in _LLAMA_PROJECTIONS
+    ):
+        raise TypeError(
+            "hf_attn must be a Llama-family attention module (LlamaAttention, "
+            f"MistralAttention, Qwen2Attention) with nn.Linear q_proj, k_proj, v_proj, "
+            f"o_proj; got {type_name(hf_attn)}"
+        )
+    if getattr(hf_attn, "q_norm", None) is not None or getattr(hf_attn, "k_norm", None) is not None:
+        raise NotImplementedError(
+            f"{type(hf_attn).__name__} normalises queries and keys per head (q_norm, k_norm: "
+            "Qwen3, Gemma 3, OLMo 2); attnlib.GroupedQueryAttention has no QK-norm, so this "
+            "layer cannot be expressed (its shapes can: see the head_dim keyword)"
+        )
+
+
+def _rope_parameters(config: Any) -> dict[str, Any]:
+    """RoPE's parameters from a config: ``rope_parameters`` (transformers >= 5), else
+    ``rope_theta`` and ``rope_scaling`` (4.x)."""
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and "rope_theta" in params:
+        return dict(params)
+    params = dict(getattr(config, "rope_scaling", None) or {})
+    params.setdefault("rope_type", params.pop("type", "default"))
+    params["rope_theta"] = float(getattr(config, "rope_theta", 10000.0))
+    return params
+
+
+def gqa_from_llama_attention(hf_attn: Any, context_length: int) -> GroupedQueryAttention:
+    """Build an :class:`attnlib.GroupedQueryAttention` equal to a Llama-family attention.
+
+    Works for ``LlamaAttention``, ``MistralAttention`` and ``Qwen2Attention``
+    (and any module with their ``q_proj``/``k_proj``/``v_proj``/``o_proj``
+    layout and a ``config``); the weights are copied (no memory shared), see
+    the module docstring for the layout. The result has ``rope=True`` with the
+    config's ``rope_theta`` and ``rope_type`` (``"default"``, ``"linear"``,
+    ``"dynamic"`` is refused, ``"yarn"``, ``"llama3"``: the scaling options of
+    :class:`attnlib.RotaryPositionalEmbedding`), ``head_dim`` from the module
+    (Qwen3-like shapes, where ``num_heads * head_dim != hidden_size``, are
+    kept), the module's dtype, device, dropout and training mode. Called on
+    the same hidden states, with ``cos``/``sin`` from the model's rotary
+    embedding at positions ``0 .. num_tokens - 1``, the two agree to rounding,
+    with and without a KV cache (``tests/test_interop.py``).
+
+    Args:
+        hf_attn: the transformers attention module (e.g.
+            ``model.model.layers[0].self_attn``).
+        context_length: the most positions the new module accepts.
+
+    Returns:
+        ``GroupedQueryAttention(hidden_size, hidden_size, context_length,
+        attention_dropout, num_attention_heads, num_key_value_heads,
+        qkv_bias, out_bias=..., rope=True, head_dim=head_dim)``.
+
+    Raises:
+        TypeError: ``hf_attn`` lacks the Llama layout or a config.
+        NotImplementedError: the layer has QK-norm (``q_norm``/``k_norm``:
+            Qwen3), a sliding window shorter than ``context_length``
+            (Mistral's ``sliding_window``; Qwen2's ``use_sliding_window``), or
+            a ``rope_type`` attnlib does not implement.
+        ValueError: ``context_length`` is not positive.
+
+    Source: ``transformers``' ``LlamaAttention`` (see the module docstring).
+    """
+    _check_llama_like(hf_attn)
+    check_positive_int("context_length", context_length)
+    config = _config(hf_attn)
+    window = getattr(hf_attn, "sliding_window", None)
+    if window is None and getattr(config, "use_sliding_window", True):
+        window = getattr(config, "sliding_window", None)
+    if window is not None and window < context_length:
+        raise NotImplementedError(
+            f"{type(hf_attn).__name__} attends within a sliding window of {window} tokens, "
+            f"shorter than context_length={context_length}; GroupedQueryAttention has no "
+            "window: use context_length <= the window"
+        )
+    q_proj, k_proj, v_proj, o_proj = (getattr(hf_attn, n) for n in _LLAMA_PROJECTIONS)
+    head_dim = int(getattr(hf_attn, "head_dim", 0) or config.head_dim)
+    num_heads = q_proj.out_features // head_dim
+    num_kv = k_proj.out_features // head_dim
+    hidden = q_proj.in_features
+    params = _rope_parameters(config)
+    rope_type = params.get("rope_type", "default")
+    qkv_bias = q_proj.bias is not None
+    new = GroupedQueryAttention(
+        hidden, o_proj.out_features, context_length,
+        float(getattr(config, "attention_dropout", 0.0)), num_heads, num_kv, qkv_bias,
+        out_bias=o_proj.bias is not None, rope=True,
+        rope_base=float(params["rope_theta"]), head_dim=head_dim,
+    )
+    if rope_type != "default":
+        new.rope = RotaryPositionalEmbedding(
+            head_dim, context_length, float(params["rope_theta"]), scaling=params
+        )
+    ref = q_proj.weight
+    new.to(device=ref.device, dtype=ref.dtype)
+    with torch.no_grad():
+        for mine, theirs in zip(
+            (new.W_query, new.W_key, new.W_value, new.out_proj), (q_proj, k_proj, v_proj, o_proj),
+            strict=True,
+        ):
+            mine.weight.copy_(theirs.weight)  # both (out_features, in_features)
+            if theirs.bias is not None:
+                mine.bias.copy_(theirs.bias)
+    new.train(hf_attn.training)
+    return new
+
+
+def gqa_to_llama_attention(module: GroupedQueryAttention, hf_attn: Any) -> Any:
+    """Copy an :class:`attnlib.GroupedQueryAttention`'s weights into a Llama-family attention.
+
+    The reverse of :func:`gqa_from_llama_attention`, into an existing
+    ``LlamaAttention``/``MistralAttention``/``Qwen2Attention`` (build it from
+    a config with the same sizes; its biases decide which biases must exist).
+    RoPE is the model's, not the layer's: give the model a config with the
+    same ``rope_theta`` and scaling.
+
+    Args:
+        module: the attnlib layer, built with ``rope=True``.
+        hf_attn: the transformers attention module to fill, in place.
+
+    Returns:
+        ``hf_attn``.
+
+    Raises:
+        TypeError: ``module`` is not a GroupedQueryAttention, or ``hf_attn``
+            lacks the Llama layout.
+        ValueError: a weight's shape differs, or one module has a bias where
+            the other has none.
+        NotImplementedError: ``hf_attn`` has QK-norm.
+    """
+    if not isinstance(module, GroupedQueryAttention):
+        raise TypeError(f"module must be an attnlib.GroupedQueryAttention, got "
+                        f"{type_name(module)}")
+    _check_llama_like(hf_attn)
+    _copy_linears(
+        (module.W_query, module.W_key, module.W_value, module.out_proj),
+        tuple(getattr(hf_attn, n) for n in _LLAMA_PROJECTIONS),
+        _LLAMA_PROJECTIONS,
+    )
+    return hf_attn
+
+
+def _copy_linears(
+    source: tuple[nn.Linear, ...], target: tuple[nn.Linear, ...], names: tuple[str, ...]
+) -> None:
+    for src, dst, name in zip(source, target, names, strict=True):
+        if src.weight.shape != dst.weight.shape:
+            raise ValueError(f"{name}.weight is {tuple(dst.weight.shape)} but attnlib's is "
+                             f"{tuple(src.weight.shape)}")
+        if (src.bias is None) != (dst.bias is None):
+            raise ValueError(f"{name} has {'no ' if dst.bias is None else 'a '}bias but "
+                             f"attnlib's has {'none' if src.bias is None else 'one'}")
+    with torch.no_grad():
+        for src, dst in zip(source, target, strict=True):
+            dst.weight.copy_(src.weight)
+            if src.bias is not None and dst.bias is not None:
+                dst.bias.copy_(src.bias)
+
+
+def _check_gpt2(hf_attn: object) -> Any:
+    c_attn, c_proj = getattr(hf_attn, "c_attn", None), getattr(hf_attn, "c_proj", None)
+    if not isinstance(hf_attn, nn.Module) or c_attn is None or c_proj is None:
+        raise TypeError(f"hf_attn must be a GPT2Attention (c_attn, c_proj), got "
+                        f"{type_name(hf_attn)}")
+    if getattr(hf_attn, "is_cross_attention", False):
+        raise NotImplementedError("GPT2Attention built with is_cross_attention=True is not "
+                                  "converted (its queries come from q_attn)")
+    config = _config(hf_attn)
+    if not getattr(config, "scale_attn_weights", True):
+        raise NotImplementedError("scale_attn_weights=False: attnlib always scales by "
+                                  "1/sqrt(head_dim)")
+    if getattr(config, "scale_attn_by_inverse_layer_idx", False):
+        raise NotImplementedError("scale_attn_by_inverse_layer_idx=True: attnlib has no "
+                                  "per-layer score scale")
+    return config
+
+
+def mha_from_gpt2_attention(hf_attn: Any, context_length: int) -> MultiHeadAttention:
+    """Build an :class:`attnlib.MultiHeadAttention` equal to GPT-2's attention.
+
+    ``c_attn`` (a ``Conv1D``, weight ``(d, 3 d)``) is split into three
+    ``(d, d)`` column blocks ``W_q | W_k | W_v``, each transposed into the
+    ``nn.Linear`` layout ``(out, in)``; ``c_proj.weight`` is transposed into
+    ``out_proj``. Biases are copied (``qkv_bias=True``, ``out_bias=True``).
+    Dtype, device, ``attn_pdrop`` and training mode are copied (GPT-2's
+    ``resid_pdrop``, applied after ``c_proj``, is the block's business and is
+    not). Called on the same hidden states the two agree to rounding
+    (``tests/test_interop.py``).
+
+    Args:
+        hf_attn: a ``GPT2Attention`` (e.g. ``model.transformer.h[0].attn``).
+        context_length: the most positions the new module accepts
+            (GPT-2's ``n_positions`` is 1024).
+
+    Returns:
+        ``MultiHeadAttention(d, d, context_length, attn_pdrop, n_head,
+        qkv_bias=True)``.
+
+    Raises:
+        TypeError: ``hf_attn`` is not GPT-2's attention.
+        NotImplementedError: cross-attention, ``scale_attn_weights=False`` or
+            ``scale_attn_by_inverse_layer_idx=True``.
+        ValueError: ``context_length`` is not positive.
+
+    Source: ``transformers``' ``GPT2Attention`` and ``Conv1D``; Radford et al. (2019).
+    """
+    config = _check_gpt2(hf_attn)
+    check_positive_int("context_length", context_length)
+    c_attn, c_proj = hf_attn.c_attn, hf_attn.c_proj
+    d = int(c_proj.weight.shape[0])
+    new = MultiHeadAttention(
+        d, d, context_length, float(getattr(config, "attn_pdrop", 0.0)), int(hf_attn.num_heads),
+        qkv_bias=True,
+    )
+    ref = c_attn.weight
+    new.to(device=ref.device, dtype=ref.dtype)
+    with torch.no_grad():
+        w_q, w_k, w_v = c_attn.weight.split(d, dim=1)  # (d, 3d) -> three (d, d): (in, out)
+        b_q, b_k, b_v = c_attn.bias.split(d, dim=0)  # (3d,) -> three (d,)
+        for layer, w, b in ((new.W_query, w_q, b_q), (new.W_key, w_k, b_k),
+                            (new.W_value, w_v, b_v)):
+            layer.weight.copy_(w.T)  # Conv1D (in, out) -> nn.Linear (out, in)
+            layer.bias.copy_(b)
+        new.out_proj.weight.copy_(c_proj.weight.T)
+        new.out_proj.bias.copy_(c_proj.bias)
+    new.train(hf_attn.training)
+    return new
+
+
+def mha_to_gpt2_attention(module: MultiHeadAttention, hf_attn: Any) -> Any:
+    """Copy an :class:`attnlib.MultiHeadAttention`'s weights into GPT-2's attention.
+
+    The reverse of :func:`mha_from_gpt2_attention`: the three weights are
+    transposed and placed side by side in ``c_attn.weight`` ``(d, 3 d)``,
+    ``out_proj.weight`` transposed into ``c_proj.weight``. GPT-2 has every
+    bias, so a bias the attnlib module lacks is written as zeros.
+
+    Args:
+        module: an attnlib MultiHeadAttention with ``d_in == d_out`` and the
+            same number of heads as ``hf_attn``.
+        hf_attn: a ``GPT2Attention``, filled in place.
+
+    Returns:
+        ``hf_attn``.
+
+    Raises:
+        TypeError: wrong module types.
+        ValueError: the sizes or the numbers of heads differ.
+    """
+    if not isinstance(module, MultiHeadAttention):
+        raise TypeError(f"module must be an attnlib.MultiHeadAttention, got {type_name(module)}")
+    _check_gpt2(hf_attn)
+    d = int(hf_attn.c_proj.weight.shape[0])
+    if (module.d_in, module.d_out, module.num_heads * module.head_dim) != (d, d, d) or (
+        module.num_heads != hf_attn.num_heads
+    ):
+        raise ValueError(
+            f"GPT2Attention has d={d} and {hf_attn.num_heads} heads; the attnlib module has "
+            f"d_in={module.d_in}, d_out={module.d_out}, {module.num_heads} heads of "
+            f"{module.head_dim}"
+        )
+    with torch.no_grad():
+        layers = (module.W_query, module.W_key, module.W_value)
+        weights: list[torch.Tensor] = [layer.weight.T for layer in layers]
+        hf_attn.c_attn.weight.copy_(torch.cat(weights, dim=1))  # (d, 3d)
+        biases: list[torch.Tensor] = [
+            layer.bias if layer.bias is not None else torch.zeros_like(hf_attn.c_proj.bias)
+            for layer in (module.W_query, module.W_key, module.W_value)
+        ]
+        hf_attn.c_attn.bias.copy_(torch.cat(biases, dim=0))  # (3d,)
+        hf_attn.c_proj.weight.copy_(module.out_proj.weight.T)
+        if module.out_proj.bias is not None:
+            hf_attn.c_proj.bias.copy_(module.out_proj.bias)
+        else:
+            hf_attn.c_proj.bias.zero_()
+    return hf_attn

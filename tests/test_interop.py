@@ -1,0 +1,204 @@
+"""attnlib.interop against tiny randomly initialised transformers models (no download):
+Llama, Mistral, Qwen2 attention -> GroupedQueryAttention, GPT-2 attention ->
+MultiHeadAttention, and back; outputs and cached decoding in float32 and float64."""
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+transformers = pytest.importorskip("transformers")
+
+from attnlib import GroupedQueryAttention, KVCache, MultiHeadAttention  # noqa: E402
+from attnlib.interop import (  # noqa: E402
+    gqa_from_llama_attention,
+    gqa_to_llama_attention,
+    mha_from_gpt2_attention,
+    mha_to_gpt2_attention,
+)
+
+TOL = {torch.float32: {"atol": 2e-6, "rtol": 2e-5}, torch.float64: {"atol": 1e-12, "rtol": 1e-10}}
+SIZES = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "intermediate_size": 64, "num_hidden_layers": 1, "vocab_size": 50,
+         "max_position_embeddings": 64}
+
+
+def _llama_family(name, dtype, **extra):
+    cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
+           "qwen2": transformers.Qwen2Config}[name]
+    model_cls = {"llama": transformers.LlamaForCausalLM,
+                 "mistral": transformers.MistralForCausalLM,
+                 "qwen2": transformers.Qwen2ForCausalLM}[name]
+    torch.manual_seed(0)
+    config = cls(**{**SIZES, **extra})
+    config._attn_implementation = "sdpa"  # eager softmaxes in float32 even for float64 inputs
+    model = model_cls(config).to(dtype).eval()
+    with torch.no_grad():  # random biases (HF initialises them to zero)
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.normal_()
+    return model
+
+
+def _hf_llama_steps(model, x, prefix):
+    """HF's attention on x: one call on x[:, :prefix], then one token at a time (DynamicCache)."""
+    attn, rotary = model.model.layers[0].self_attn, model.model.rotary_emb
+    cache = transformers.DynamicCache(config=model.config)
+    outs = []
+    bounds = [(0, prefix)] + [(t, t + 1) for t in range(prefix, x.shape[1])]
+    with torch.no_grad():
+        for start, stop in bounds:
+            h = x[:, start:stop]
+            cos_sin = rotary(h, torch.arange(start, stop)[None])
+            outs.append(attn(h, cos_sin, None, cache)[0])
+    return torch.cat(outs, dim=1)
+
+
+def _hf_tables(model, dtype):
+    """HF's cos and sin for positions 0 .. 63: (64, head_dim) each."""
+    cos, sin = model.model.rotary_emb(torch.zeros(1, dtype=dtype), torch.arange(64)[None])
+    return cos[0], sin[0]
+
+
+def _attnlib_steps(module, x, prefix):
+    cache = KVCache()
+    with torch.no_grad():
+        outs = [module(x[:, :prefix], kv_cache=cache)]
+        outs += [module(x[:, t : t + 1], kv_cache=cache) for t in range(prefix, x.shape[1])]
+    return torch.cat(outs, dim=1)
+
+
+CASES = {
+    "llama": {},
+    "llama_bias_mqa": {"attention_bias": True, "num_key_value_heads": 1},
+    "llama_head_dim": {"head_dim": 16},  # 4 heads x 16 = 64 != hidden_size 32, as Qwen3
+    "llama3_scaling": {"rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+        "original_max_position_embeddings": 16, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0}},
+    "yarn": {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                 "original_max_position_embeddings": 16}},
+    "mistral": {"sliding_window": None},
+    "qwen2": {},
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", list(CASES))
+def test_gqa_from_llama_family_equals_transformers(case, dtype):
+    family = case.split("_")[0].replace("llama3", "llama").replace("yarn", "llama")
+    model = _llama_family(family, dtype, **CASES[case])
+    hf_attn = model.model.layers[0].self_attn
+    module = gqa_from_llama_attention(hf_attn, context_length=64)
+    assert isinstance(module, GroupedQueryAttention) and module.rope is not None
+    assert module.W_query.weight.dtype == dtype and not module.training
+    # transformers computes RoPE's angles in float32 whatever the dtype (its rotary
+    # embedding calls .float()); attnlib in float64. The tables agree to float32
+    # rounding; in float64 the layer is compared with HF's tables, to isolate the rest.
+    cos, sin = _hf_tables(model, dtype)
+    assert_close(module.rope.cos.double(), cos.double(), atol=2e-5, rtol=0)
+    assert_close(module.rope.sin.double(), sin.double(), atol=2e-5, rtol=0)
+    if dtype == torch.float64:
+        module.rope.cos, module.rope.sin = cos, sin
+    torch.manual_seed(1)
+    x = torch.randn(2, 12, 32, dtype=dtype)
+    expected = _hf_llama_steps(model, x, prefix=x.shape[1])  # one call, no decoding
+    with torch.no_grad():
+        got = module(x)
+        got_readable = module(x, return_weights=True)[0]
+    assert_close(got, expected, **TOL[dtype])
+    assert_close(got_readable, expected, **TOL[dtype])
+    # cached decoding: a 4-token prompt, then 8 steps of one token
+    assert_close(_attnlib_steps(module, x, 4), _hf_llama_steps(model, x, 4), **TOL[dtype])
+
+
+def test_gqa_to_llama_attention_round_trip():
+    model = _llama_family("qwen2", torch.float64)  # q/k/v biases, no o_proj bias
+    hf_attn = model.model.layers[0].self_attn
+    torch.manual_seed(2)
+    module = GroupedQueryAttention(32, 32, 64, 0.0, 4, 2, True, out_bias=False,
+                                   rope=True).double().eval()
+    gqa_to_llama_attention(module, hf_attn)
+    module.rope.cos, module.rope.sin = _hf_tables(model, torch.float64)  # float32 angles
+    x = torch.randn(1, 7, 32, dtype=torch.float64)
+    with torch.no_grad():
+        assert_close(module(x), _hf_llama_steps(model, x, 7), **TOL[torch.float64])
+    with pytest.raises(ValueError, match="o_proj has no bias"):
+        gqa_to_llama_attention(GroupedQueryAttention(32, 32, 64, 0.0, 4, 2, True, rope=True),
+                               hf_attn)
+    with pytest.raises(ValueError, match="k_proj.weight"):
+        gqa_to_llama_attention(GroupedQueryAttention(32, 32, 64, 0.0, 4, 4, True,
+                                                     out_bias=False, rope=True), hf_attn)
+
+
+def test_qwen3_qk_norm_is_refused_clearly():
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(**{**SIZES, "head_dim": 16})
+    model = transformers.Qwen3ForCausalLM(config)
+    with pytest.raises(NotImplementedError, match="q_norm, k_norm"):
+        gqa_from_llama_attention(model.model.layers[0].self_attn, 64)
+
+
+def test_sliding_window_shorter_than_context_is_refused():
+    model = _llama_family("mistral", torch.float32, sliding_window=8)
+    with pytest.raises(NotImplementedError, match="sliding window of 8"):
+        gqa_from_llama_attention(model.model.layers[0].self_attn, 64)
+    assert gqa_from_llama_attention(model.model.layers[0].self_attn, 8).context_length == 8
+
+
+def test_wrong_modules_are_refused():
+    with pytest.raises(TypeError, match="Llama-family"):
+        gqa_from_llama_attention(torch.nn.Linear(2, 2), 8)
+    with pytest.raises(TypeError, match="GPT2Attention"):
+        mha_from_gpt2_attention(torch.nn.Linear(2, 2), 8)
+
+
+def _gpt2(dtype):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_embd=32, n_head=4, n_layer=1, n_positions=64,
+                                     vocab_size=50, attn_pdrop=0.0, resid_pdrop=0.0)
+    config._attn_implementation = "sdpa"
+    model = transformers.GPT2LMHeadModel(config).to(dtype).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.normal_()
+    return model
+
+
+def _hf_gpt2_steps(attn, x, prefix, config):
+    cache = transformers.DynamicCache(config=config)
+    bounds = [(0, prefix)] + [(t, t + 1) for t in range(prefix, x.shape[1])]
+    with torch.no_grad():
+        return torch.cat([attn(x[:, a:b].contiguous(), cache)[0] for a, b in bounds], dim=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_mha_from_gpt2_attention_equals_transformers(dtype):
+    model = _gpt2(dtype)
+    hf_attn = model.transformer.h[0].attn
+    module = mha_from_gpt2_attention(hf_attn, context_length=64)
+    assert isinstance(module, MultiHeadAttention) and module.W_query.weight.dtype == dtype
+    torch.manual_seed(1)
+    x = torch.randn(2, 12, 32, dtype=dtype)
+    expected = _hf_gpt2_steps(hf_attn, x, 12, model.config)
+    with torch.no_grad():
+        assert_close(module(x), expected, **TOL[dtype])
+        assert_close(module(x, return_weights=True)[0], expected, **TOL[dtype])
+    assert_close(_attnlib_steps(module, x, 4), _hf_gpt2_steps(hf_attn, x, 4, model.config),
+                 **TOL[dtype])
+
+
+def test_mha_to_gpt2_attention_round_trip():
+    model = _gpt2(torch.float64)
+    hf_attn = model.transformer.h[0].attn
+    torch.manual_seed(3)
+    module = MultiHeadAttention(32, 32, 64, 0.0, 4, qkv_bias=True).double().eval()
+    mha_to_gpt2_attention(module, hf_attn)
+    x = torch.randn(1, 9, 32, dtype=torch.float64)
+    with torch.no_grad():
+        assert_close(module(x), _hf_gpt2_steps(hf_attn, x, 9, model.config),
+                     **TOL[torch.float64])
+    back = mha_from_gpt2_attention(hf_attn, 64)
+    assert_close(back.W_value.weight, module.W_value.weight, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="8 heads"):
+        mha_to_gpt2_attention(MultiHeadAttention(32, 32, 64, 0.0, 8), hf_attn)

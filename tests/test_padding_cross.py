@@ -1,0 +1,76 @@
+"""key_padding_mask on the multi-head classes, against torch.nn.MultiheadAttention."""
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from attnlib import GroupedQueryAttention, KVCache, MultiHeadAttention
+from attnlib.functional import causal_mask
+
+TOL = {"atol": 1e-12, "rtol": 1e-10}
+
+
+def _pair(seed=0, d=12, heads=3):
+    torch.manual_seed(seed)
+    mha = MultiHeadAttention(d, d, 16, 0.0, heads, qkv_bias=True).double().eval()
+    return mha, mha.to_torch().eval()
+
+
+def _lengths_to_padding(lengths, n, left=False):
+    pos = torch.arange(n)[None]
+    lengths = torch.tensor(lengths)[:, None]
+    return pos < n - lengths if left else pos >= lengths  # True = padding (torch's meaning)
+
+
+@pytest.mark.parametrize("return_weights", [False, True])
+@pytest.mark.parametrize("mask_buffer", [True, False])
+def test_key_padding_mask_equals_torch_on_real_positions(return_weights, mask_buffer):
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(12, 12, 16, 0.0, 3, qkv_bias=True,
+                             mask_buffer=mask_buffer).double().eval()
+    ref = mha.to_torch().eval()
+    n = 9
+    x = torch.randn(3, n, 12, dtype=torch.float64)
+    padding = _lengths_to_padding([9, 5, 2], n)  # right padding
+    out = mha(x, return_weights, key_padding_mask=padding)
+    out = out[0] if return_weights else out
+    expected, _ = ref(x, x, x, key_padding_mask=padding, attn_mask=~causal_mask(n),
+                      need_weights=False)
+    real = ~padding
+    assert_close(out[real], expected[real], **TOL)
+    # the padding changes the result: without it the real rows of row 1 differ
+    assert not torch.allclose(mha(x)[1, 5:], out[1, 5:])
+
+
+def test_fully_padded_rows_return_zeros():
+    mha, _ = _pair(seed=1)
+    x = torch.randn(2, 6, 12, dtype=torch.float64)
+    padding = _lengths_to_padding([6, 3], 6, left=True)  # row 1: keys 0-2 are padding
+    for out in (mha(x, key_padding_mask=padding),
+                mha(x, True, key_padding_mask=padding)[0]):
+        # causal + left padding: queries 0-2 of row 1 see no real key -> out_proj(0) = bias
+        assert_close(out[1, :3], mha.out_proj.bias.expand(3, -1), **TOL)
+        assert torch.isfinite(out).all()
+
+
+def test_key_padding_mask_with_gqa_and_cache():
+    torch.manual_seed(2)
+    gqa = GroupedQueryAttention(10, 12, 16, 0.0, 6, 2, rope=True).double().eval()
+    x = torch.randn(2, 8, 10, dtype=torch.float64)
+    padding = _lengths_to_padding([8, 3], 8, left=True)
+    full = gqa(x, key_padding_mask=padding)
+    cache = KVCache()
+    steps = [gqa(x[:, :5], kv_cache=cache, key_padding_mask=padding[:, :5])]
+    steps += [gqa(x[:, t : t + 1], kv_cache=cache, key_padding_mask=padding[:, : t + 1])
+              for t in range(5, 8)]
+    assert_close(torch.cat(steps, dim=1), full, **TOL)
+    assert_close(gqa(x, True, key_padding_mask=padding)[0], full, **TOL)
+
+
+def test_key_padding_mask_is_checked():
+    mha, _ = _pair()
+    x = torch.randn(2, 4, 12, dtype=torch.float64)
+    with pytest.raises(TypeError, match="must be bool"):
+        mha(x, key_padding_mask=torch.zeros(2, 4))
+    with pytest.raises(ValueError, match=r"\(batch, num_tokens_kv\) = \(2, 4\)"):
+        mha(x, key_padding_mask=torch.zeros(4, 2, dtype=torch.bool))
