@@ -13,6 +13,15 @@ Functions are grouped by concept, not by chapter:
 * :mod:`attnlib.positional` - positional encodings, rotary embeddings (RoPE).
 * :mod:`attnlib.kv_cache` - the key-value cache for generating token by token.
 * :mod:`attnlib.gqa` - grouped-query (and multi-query) attention.
+* :mod:`attnlib.flash_triton` - FlashAttention-2's forward and backward as Triton
+  kernels (chapter 11; needs ``pip install attnlib[triton]``, imported lazily).
+* :mod:`attnlib.interop` - weights to and from Hugging Face's Llama-family and
+  GPT-2 attention layers.
+* :mod:`attnlib.latent` - multi-head latent attention (MLA) and its latent cache.
+* :mod:`attnlib.linear_attention` - linear attention, the delta rule and Gated
+  DeltaNet, in recurrent, parallel and chunked forms.
+* :mod:`attnlib.sparse` - DeepSeek Sparse Attention: an indexer and top-k keys.
+* :mod:`attnlib.sinks` - attention sinks and QK-norm.
 * :mod:`attnlib.models` - ``TinyTransformer``, the small decoder-only model
   chapter 10 trains.
 * :mod:`attnlib.training` - a seeded training loop that records losses and
@@ -29,11 +38,27 @@ Functions are grouped by concept, not by chapter:
 Mask convention everywhere: a bool mask is True where a query may attend.
 """
 
-from . import data, device, experiments, functional, models, positional, training, viz
+from . import (
+    data,
+    device,
+    experiments,
+    functional,
+    interop,
+    latent,
+    linear_attention,
+    models,
+    positional,
+    sinks,
+    sparse,
+    training,
+    viz,
+)
 from .attention import CausalAttention, SelfAttention_v1, SelfAttention_v2
 from .data import JOURNEY_TOKENS, journey_embeddings
 from .gqa import GroupedQueryAttention
 from .kv_cache import KVCache
+from .latent import MultiHeadLatentAttention
+from .linear_attention import GatedDeltaNet
 from .device import get_device
 from .functional import (
     bottom_right_causal_mask,
@@ -60,12 +85,14 @@ __version__ = "0.2.0"
 
 __all__ = [
     "CausalAttention",
+    "GatedDeltaNet",
     "GroupedQueryAttention",
     "JOURNEY_TOKENS",
     "KVCache",
     "LearnedPositionalEmbedding",
     "MultiHeadAttention",
     "MultiHeadAttentionWrapper",
+    "MultiHeadLatentAttention",
     "RotaryPositionalEmbedding",
     "SelfAttention_v1",
     "SelfAttention_v2",
@@ -81,17 +108,22 @@ __all__ = [
     "flash_attention",
     "functional",
     "get_device",
+    "interop",
     "journey_embeddings",
+    "latent",
+    "linear_attention",
     "models",
     "plot_attention",
     "positional",
     "scaled_dot_product_attention",
     "show_source",
     "simplified_attention",
+    "sinks",
     "sliding_window_mask",
     "sinusoidal_encoding",
     "softmax",
     "softmax_naive",
+    "sparse",
     "training",
     "viz",
     "__version__",

@@ -1,0 +1,536 @@
+"""Linear attention and the gated delta rule: attention with a state of fixed size.
+
+Softmax attention keeps every key and value (the KV cache grows with the
+context). Drop the softmax and ``sum_j (q . k_j) v_j = q (sum_j k_j v_j^T)``:
+the keys and values can be folded, token by token, into one matrix
+``S = sum_j k_j v_j^T`` of ``head_dim x head_dim_v`` numbers, whatever the
+number of tokens. That is *linear attention* (Katharopoulos et al. 2020), a
+recurrent network in disguise. Its memory only ever adds; the *delta rule*
+(DeltaNet; Schlag et al. 2021, Yang et al. 2024) first removes what ``S``
+already stores under key ``k`` and writes the new value with a strength
+``beta`` in (0, 1); the *gated* delta rule (Yang et al. 2024, used by
+Qwen3-Next and Kimi Linear) also decays the whole state by ``alpha_t = exp(g_t)``:
+
+.. code-block:: text
+
+    S_t = alpha_t S_{t-1} + k_t (beta_t (v_t - alpha_t S_{t-1}^T k_t))^T
+    o_t = scale * S_t^T q_t
+
+Each function here computes the same outputs in three *forms*: recurrent
+(one token at a time, what decoding does), parallel (a masked ``N x N``
+matrix, what training can do) and chunked (parallel inside chunks of
+``chunk_size`` tokens, recurrent between them: what fast kernels do).
+
+Shape legend: ``(batch, num_heads, num_tokens, head_dim)`` for queries and
+keys, ``(..., head_dim_v)`` for values; a state is
+``(batch, num_heads, head_dim, head_dim_v)``; ``beta`` and ``g`` are
+``(batch, num_heads, num_tokens)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ._validation import check_float_tensor, check_input, check_positive_int, type_name
+
+__all__ = [
+    "FORMS",
+    "linear_attention",
+    "delta_rule_step",
+    "gated_delta_rule",
+    "RecurrentState",
+    "GatedDeltaNet",
+]
+
+#: The values of ``form`` that :func:`linear_attention` and :func:`gated_delta_rule` take.
+FORMS = ("recurrent", "parallel", "chunked")
+
+
+def _check_form(form: object, allowed: tuple[str, ...]) -> str:
+    if not isinstance(form, str):
+        raise TypeError(f"form must be a str, got {type_name(form)}")
+    if form not in allowed:
+        raise ValueError(f"form must be one of {allowed}, got form={form!r}")
+    return form
+
+
+def _check_qkv(queries: object, keys: object, values: object) -> None:
+    for name, t in (("queries", queries), ("keys", keys), ("values", values)):
+        check_float_tensor(name, t, min_ndim=4)
+        if t.ndim != 4:  # type: ignore[union-attr]
+            raise ValueError(
+                f"{name} must be (batch, num_heads, num_tokens, head_dim), got shape "
+                f"{tuple(t.shape)}"  # type: ignore[union-attr]
+            )
+    assert isinstance(queries, torch.Tensor) and isinstance(keys, torch.Tensor)
+    assert isinstance(values, torch.Tensor)
+    if queries.shape != keys.shape:
+        raise ValueError(
+            f"queries and keys must have the same shape, got {tuple(queries.shape)} "
+            f"and {tuple(keys.shape)}"
+        )
+    if values.shape[:3] != keys.shape[:3]:
+        raise ValueError(
+            "values must agree with keys on (batch, num_heads, num_tokens), got "
+            f"{tuple(values.shape)} and {tuple(keys.shape)}"
+        )
+    if not (queries.dtype == keys.dtype == values.dtype):
+        raise TypeError(
+            f"queries, keys and values must share a dtype, got {queries.dtype}, "
+            f"{keys.dtype}, {values.dtype}"
+        )
+
+
+def linear_attention(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    *,
+    form: str = "parallel",
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    r"""Causal linear attention with the feature map ``phi(x) = elu(x) + 1``.
+
+    ``o_t = phi(q_t)^T S_t / (phi(q_t) . z_t)`` with ``S_t = sum_{j<=t}
+    phi(k_j) v_j^T`` and ``z_t = sum_{j<=t} phi(k_j)``: softmax's
+    ``exp(q . k)`` replaced by the kernel ``phi(q) . phi(k)``, which factorises.
+
+    Args:
+        queries, keys: ``(batch, num_heads, num_tokens, head_dim)``.
+        values: ``(batch, num_heads, num_tokens, head_dim_v)``.
+        form: keyword-only; ``"parallel"`` (default: the masked
+            ``(num_tokens, num_tokens)`` matrix ``phi(Q) phi(K)^T``, normalised
+            by its row sums) or ``"recurrent"`` (the state ``S_t``, ``z_t``
+            updated token by token: memory constant in ``num_tokens``).
+        eps: keyword-only; added to the normaliser. Default 1e-6.
+
+    Returns:
+        ``(batch, num_heads, num_tokens, head_dim_v)``.
+
+    Raises:
+        TypeError: a tensor is not floating point, the dtypes differ, or
+            ``form`` is not a str.
+        ValueError: a tensor is not 4-D, the shapes disagree, or ``form`` is
+            not ``"parallel"`` or ``"recurrent"``.
+
+    Source: Katharopoulos et al. (2020), "Transformers are RNNs: Fast
+    Autoregressive Transformers with Linear Attention", eq. (4)-(7) and
+    section 3.4 (causal masking; the RNN form, eq. (16)-(20)).
+    """
+    _check_qkv(queries, keys, values)
+    _check_form(form, ("parallel", "recurrent"))
+    phi_q = F.elu(queries) + 1.0  # (b, h, n, head_dim), positive
+    phi_k = F.elu(keys) + 1.0  # (b, h, n, head_dim)
+    if form == "parallel":
+        n = queries.shape[2]
+        allowed = torch.ones(n, n, dtype=torch.bool, device=queries.device).tril()
+        attn_scores = (phi_q @ phi_k.transpose(-2, -1)).masked_fill(~allowed, 0.0)
+        # attn_scores: (b, h, n, n), zero above the diagonal
+        attn_weights = attn_scores / (attn_scores.sum(-1, keepdim=True) + eps)
+        return attn_weights @ values  # (b, h, n, head_dim_v)
+    b, h, n, d = queries.shape
+    state = queries.new_zeros(b, h, d, values.shape[-1])  # S: (b, h, head_dim, head_dim_v)
+    normaliser = queries.new_zeros(b, h, d)  # z: (b, h, head_dim)
+    outputs = []
+    for t in range(n):
+        state = state + phi_k[:, :, t, :, None] * values[:, :, t, None, :]
+        normaliser = normaliser + phi_k[:, :, t]
+        numerator = (phi_q[:, :, t, :, None] * state).sum(-2)  # (b, h, head_dim_v)
+        denominator = (phi_q[:, :, t] * normaliser).sum(-1, keepdim=True) + eps  # (b, h, 1)
+        outputs.append(numerator / denominator)
+    return torch.stack(outputs, dim=2)  # (b, h, n, head_dim_v)
+
+
+def delta_rule_step(
+    state: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""One token of the (gated) delta rule: update the state, then read it.
+
+    .. code-block:: text
+
+        S = exp(g) S                          # the gate: forget a little of everything
+        v_old = S^T k                         # what the state recalls for key k
+        S = S + k (beta (v - v_old))^T        # move that recall towards v
+        o = scale * S^T q
+
+    With ``beta = 1`` and a unit-norm key the state then recalls exactly ``v``
+    for ``k``; with ``g = 0`` (or None) there is no decay (DeltaNet).
+
+    Args:
+        state: ``(batch, num_heads, head_dim, head_dim_v)``.
+        query, key: ``(batch, num_heads, head_dim)``; ``key`` normally of unit norm.
+        value: ``(batch, num_heads, head_dim_v)``.
+        beta: ``(batch, num_heads)``, the writing strength, normally in (0, 1).
+        g: ``(batch, num_heads)``, the log of the decay (``<= 0``), or None for 0.
+        scale: keyword-only; multiplies the output. Default ``1 / sqrt(head_dim)``.
+
+    Returns:
+        ``(output, new_state)``: ``(batch, num_heads, head_dim_v)`` and a new
+        state of ``state``'s shape (``state`` is not modified).
+
+    Raises:
+        TypeError: a tensor argument is not a floating-point tensor.
+        ValueError: the shapes do not fit together.
+
+    Source: Yang et al. (2024), "Gated Delta Networks: Improving Mamba2 with
+    Delta Rule", eq. (10) (the gated delta rule); Schlag et al. (2021),
+    "Linear Transformers Are Secretly Fast Weight Programmers", section 4.2.
+    """
+    check_float_tensor("state", state, min_ndim=4)
+    for name, t, nd in (("query", query, 3), ("key", key, 3), ("value", value, 3),
+                        ("beta", beta, 2)):
+        check_float_tensor(name, t, min_ndim=nd)
+    b, h, d, dv = state.shape
+    expected = {"query": (b, h, d), "key": (b, h, d), "value": (b, h, dv), "beta": (b, h)}
+    given = {"query": query, "key": key, "value": value, "beta": beta}
+    if g is not None:
+        check_float_tensor("g", g, min_ndim=2)
+        expected["g"], given["g"] = (b, h), g
+    for name, shape in expected.items():
+        if tuple(given[name].shape) != shape:
+            raise ValueError(
+                f"{name} must have shape {shape} for a state of shape {tuple(state.shape)}, "
+                f"got {tuple(given[name].shape)}"
+            )
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    if g is not None:
+        state = state * g.exp()[..., None, None]  # (b, h, d, dv)
+    recalled = (state * key[..., :, None]).sum(-2)  # S^T k: (b, h, dv)
+    delta = beta[..., None] * (value - recalled)  # (b, h, dv)
+    state = state + key[..., :, None] * delta[..., None, :]  # (b, h, d, dv)
+    output = scale * (state * query[..., :, None]).sum(-2)  # (b, h, dv)
+    return output, state
+
+
+def _chunk(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule on one chunk in parallel, from the state before it.
+
+    With ``G_t = exp(g_1 + ... + g_t)`` (cumulative decay inside the chunk),
+    the state after token ``t`` is ``G_t S_0 + sum_{i<=t} (G_t / G_i) k_i u_i^T``
+    where the *pseudo-values* ``u`` solve the lower-triangular system
+    ``u_t + beta_t sum_{j<t} (G_t / G_j)(k_t . k_j) u_j = beta_t (v_t - G_t S_0^T k_t)``.
+    Queries come scaled. Returns outputs ``(b, h, n, dv)`` and the final state.
+    """
+    n = queries.shape[2]
+    log_decay = g.cumsum(-1)  # (b, h, n): log G_t
+    causal = torch.ones(n, n, dtype=torch.bool, device=queries.device).tril()
+    diff = log_decay[..., :, None] - log_decay[..., None, :]  # (b, h, n, n): log G_t / G_i
+    decay = diff.masked_fill(~causal, float("-inf")).exp()  # zero above the diagonal
+    key_key = keys @ keys.transpose(-2, -1)  # (b, h, n, n)
+    strictly_lower = (decay * key_key).tril(-1) * beta[..., :, None]  # (b, h, n, n)
+    system = strictly_lower + torch.eye(n, dtype=queries.dtype, device=queries.device)
+    rhs = beta[..., None] * (values - log_decay.exp()[..., None] * (keys @ state))
+    # rhs: (b, h, n, dv)
+    pseudo_values = torch.linalg.solve_triangular(
+        system, rhs, upper=False, unitriangular=True
+    )  # (b, h, n, dv)
+    attn_scores = (queries @ keys.transpose(-2, -1)) * decay  # (b, h, n, n), causal
+    outputs = log_decay.exp()[..., None] * (queries @ state) + attn_scores @ pseudo_values
+    total = log_decay[..., -1:]  # (b, h, 1): log G_n
+    to_end = (total - log_decay).exp()  # (b, h, n): G_n / G_i
+    new_state = total.exp()[..., None] * state + keys.transpose(-2, -1) @ (
+        to_end[..., None] * pseudo_values
+    )  # (b, h, d, dv)
+    return outputs, new_state
+
+
+def gated_delta_rule(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor | None = None,
+    *,
+    form: str = "chunked",
+    chunk_size: int = 64,
+    initial_state: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""The gated delta rule over a sequence, in one of three equal forms.
+
+    Token by token it is :func:`delta_rule_step`. ``form="parallel"`` computes
+    all outputs at once: with ``D[t, i] = exp(g_{i+1} + ... + g_t)`` for
+    ``i <= t`` (0 above the diagonal),
+
+    .. code-block:: text
+
+        (I + tril(beta * D * K K^T, -1)) U = beta * V      # pseudo-values, one triangular solve
+        O = scale * (D * Q K^T) U                          # masked "attention" on U
+
+    (plus the contribution of ``initial_state``). ``form="chunked"`` applies
+    that to chunks of ``chunk_size`` tokens and carries the state from chunk
+    to chunk: quadratic in ``chunk_size``, linear in ``num_tokens``.
+
+    Args:
+        queries, keys: ``(batch, num_heads, num_tokens, head_dim)``; the
+            keys normally L2-normalised (so the delta rule is stable).
+        values: ``(batch, num_heads, num_tokens, head_dim_v)``.
+        beta: ``(batch, num_heads, num_tokens)``, writing strengths in (0, 1).
+        g: ``(batch, num_heads, num_tokens)``, log decays (``<= 0``), or None
+            for no decay (DeltaNet).
+        form: keyword-only; ``"recurrent"``, ``"parallel"`` or ``"chunked"``
+            (default).
+        chunk_size: keyword-only; tokens per chunk for ``"chunked"``. Default 64.
+        initial_state: keyword-only; ``(batch, num_heads, head_dim,
+            head_dim_v)`` state before the first token, or None for zeros.
+        scale: keyword-only; multiplies the queries. Default ``1 / sqrt(head_dim)``.
+
+    Returns:
+        ``(outputs, final_state)``: ``(batch, num_heads, num_tokens,
+        head_dim_v)`` and ``(batch, num_heads, head_dim, head_dim_v)``; the
+        state's size does not depend on ``num_tokens``.
+
+    Raises:
+        TypeError: a tensor is not floating point, the dtypes differ, or
+            ``form`` is not a str.
+        ValueError: a shape does not fit, ``form`` is not one of
+            :data:`FORMS`, or ``chunk_size`` is not positive.
+
+    Source: Yang et al. (2024), "Gated Delta Networks: Improving Mamba2 with
+    Delta Rule", eq. (10) and section 3.3 (the chunkwise form with the WY
+    representation); Yang et al. (2024), "Parallelizing Linear Transformers
+    with the Delta Rule over Sequence Length", section 3.
+    """
+    _check_qkv(queries, keys, values)
+    _check_form(form, FORMS)
+    check_positive_int("chunk_size", chunk_size)
+    b, h, n, d = keys.shape
+    dv = values.shape[-1]
+    check_float_tensor("beta", beta)
+    if tuple(beta.shape) != (b, h, n):
+        raise ValueError(f"beta must have shape {(b, h, n)}, got {tuple(beta.shape)}")
+    if g is None:
+        g = beta.new_zeros(b, h, n)
+    check_float_tensor("g", g)
+    if tuple(g.shape) != (b, h, n):
+        raise ValueError(f"g must have shape {(b, h, n)}, got {tuple(g.shape)}")
+    if initial_state is None:
+        state = values.new_zeros(b, h, d, dv)
+    else:
+        check_float_tensor("initial_state", initial_state)
+        if tuple(initial_state.shape) != (b, h, d, dv):
+            raise ValueError(
+                f"initial_state must have shape {(b, h, d, dv)}, got "
+                f"{tuple(initial_state.shape)}"
+            )
+        state = initial_state
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    if form == "recurrent":
+        outputs = []
+        for t in range(n):
+            out, state = delta_rule_step(
+                state, queries[:, :, t], keys[:, :, t], values[:, :, t], beta[:, :, t],
+                g[:, :, t], scale=scale,
+            )
+            outputs.append(out)  # (b, h, dv)
+        return torch.stack(outputs, dim=2), state  # (b, h, n, dv)
+    size = n if form == "parallel" else chunk_size
+    queries = queries * scale
+    outputs = []
+    for start in range(0, n, size):
+        stop = min(start + size, n)
+        out, state = _chunk(
+            queries[:, :, start:stop], keys[:, :, start:stop], values[:, :, start:stop],
+            beta[:, :, start:stop], g[:, :, start:stop], state,
+        )
+        outputs.append(out)  # (b, h, stop - start, dv)
+    return torch.cat(outputs, dim=2), state  # (b, h, n, dv)
+
+
+class RecurrentState:
+    """What a :class:`GatedDeltaNet` keeps between decoding steps: constant in size.
+
+    Attributes:
+        conv_state: ``(batch, conv_channels, conv_size - 1)``: the last inputs
+            of the short convolution, or None while empty.
+        state: ``(batch, num_heads, head_dim, head_dim_v)``: the delta rule's
+            memory, or None while empty.
+        num_tokens: tokens seen so far.
+
+    Source: Yang et al. (2024), "Gated Delta Networks", section 3.
+    """
+
+    def __init__(self) -> None:
+        self.conv_state: torch.Tensor | None = None
+        self.state: torch.Tensor | None = None
+        self.num_tokens = 0
+
+    def memory_bytes(self) -> int:
+        """Bytes held; the same after 10 tokens as after 10 000."""
+        return sum(t.nbytes for t in (self.conv_state, self.state) if t is not None)
+
+    def __repr__(self) -> str:
+        if self.state is None:
+            return "RecurrentState(empty)"
+        return f"RecurrentState(num_tokens={self.num_tokens}, state={tuple(self.state.shape)})"
+
+
+class GatedDeltaNet(nn.Module):
+    r"""A Gated DeltaNet layer as in Qwen3-Next: a drop-in replacement for attention.
+
+    .. code-block:: text
+
+        q, k, v = SiLU(causal_conv(x W_query, x W_key, x W_value))   # short conv, per channel
+        q, k    = L2-normalise per head
+        beta    = sigmoid(x W_beta)                                  # writing strength
+        g       = -exp(A_log) * softplus(x W_alpha + dt_bias)        # log decay, < 0
+        o       = gated_delta_rule(q, k, v, beta, g)                 # per head
+        out     = (RMSNorm(o) * SiLU(x W_gate)) W_out                # output gate
+
+    Args:
+        d_in: size of the residual stream (input and output).
+        num_heads: heads (key and value heads alike).
+        head_dim: size of a query/key head.
+        head_dim_v: keyword-only; size of a value head. Default ``head_dim``.
+        conv_size: keyword-only; kernel size of the short causal convolution.
+            Default 4.
+        chunk_size: keyword-only; chunk size of the parallel pass. Default 64.
+        eps: keyword-only; epsilon of the output RMSNorm. Default 1e-6.
+
+    Attributes:
+        W_query, W_key: ``nn.Linear(d_in, num_heads * head_dim, bias=False)``.
+        W_value, W_gate: ``nn.Linear(d_in, num_heads * head_dim_v, bias=False)``.
+        W_beta, W_alpha: ``nn.Linear(d_in, num_heads, bias=False)``.
+        conv: depthwise ``nn.Conv1d`` over the ``2 * num_heads * head_dim +
+            num_heads * head_dim_v`` channels ``[q, k, v]``, no bias.
+        A_log, dt_bias: ``(num_heads,)`` parameters of the decay.
+        norm: ``nn.RMSNorm(head_dim_v)``; out_proj: ``nn.Linear(num_heads *
+            head_dim_v, d_in, bias=False)``.
+
+    Shape:
+        - Input ``x``: ``(batch, num_tokens, d_in)``; output the same shape.
+
+    Raises:
+        TypeError: a size is not an int.
+        ValueError: a size is not positive.
+
+    Source: Yang et al. (2024), "Gated Delta Networks: Improving Mamba2 with
+    Delta Rule", section 3.4 (the block: short convolution, L2-normalised
+    queries and keys, output gate); Qwen team (2025), Qwen3-Next (the layer
+    as released, in Hugging Face's ``Qwen3NextGatedDeltaNet``).
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        num_heads: int,
+        head_dim: int,
+        *,
+        head_dim_v: int | None = None,
+        conv_size: int = 4,
+        chunk_size: int = 64,
+        eps: float = 1e-6,
+    ) -> None:
+        check_positive_int("d_in", d_in)
+        check_positive_int("num_heads", num_heads)
+        check_positive_int("head_dim", head_dim)
+        if head_dim_v is not None:
+            check_positive_int("head_dim_v", head_dim_v)
+        check_positive_int("conv_size", conv_size)
+        check_positive_int("chunk_size", chunk_size)
+        super().__init__()
+        self.d_in, self.num_heads, self.head_dim = int(d_in), int(num_heads), int(head_dim)
+        self.head_dim_v = self.head_dim if head_dim_v is None else int(head_dim_v)
+        self.conv_size, self.chunk_size = int(conv_size), int(chunk_size)
+        key_dim = self.num_heads * self.head_dim
+        value_dim = self.num_heads * self.head_dim_v
+        self.W_query = nn.Linear(d_in, key_dim, bias=False)
+        self.W_key = nn.Linear(d_in, key_dim, bias=False)
+        self.W_value = nn.Linear(d_in, value_dim, bias=False)
+        self.W_gate = nn.Linear(d_in, value_dim, bias=False)
+        self.W_beta = nn.Linear(d_in, self.num_heads, bias=False)
+        self.W_alpha = nn.Linear(d_in, self.num_heads, bias=False)
+        channels = 2 * key_dim + value_dim
+        self.conv = nn.Conv1d(channels, channels, self.conv_size, groups=channels, bias=False)
+        self.A_log = nn.Parameter(torch.empty(self.num_heads).uniform_(0.0, 2.0).log())
+        self.dt_bias = nn.Parameter(torch.ones(self.num_heads))
+        self.norm = nn.RMSNorm(self.head_dim_v, eps=eps)
+        self.out_proj = nn.Linear(value_dim, d_in, bias=False)
+
+    @property
+    def state_numbers(self) -> int:
+        """Numbers a decoder keeps per sequence, whatever its length: the delta
+        rule's state plus the convolution's last ``conv_size - 1`` inputs."""
+        channels = self.conv.in_channels
+        return self.num_heads * self.head_dim * self.head_dim_v + channels * (self.conv_size - 1)
+
+    def forward(
+        self, x: torch.Tensor, *, state: RecurrentState | None = None
+    ) -> torch.Tensor:
+        """The layer on ``x``, optionally continuing from (and updating) ``state``.
+
+        Args:
+            x: ``(batch, num_tokens, d_in)``; with ``state``, only the new tokens.
+            state: keyword-only; a :class:`RecurrentState` (empty at the start
+                of a sequence), updated in place. Default None.
+
+        Returns:
+            ``(batch, num_tokens, d_in)``.
+
+        Raises:
+            TypeError: ``x`` is not a floating-point tensor of the module's
+                dtype, or ``state`` is not a :class:`RecurrentState`.
+            ValueError: ``x`` is not ``(batch, num_tokens, d_in)`` or is empty.
+        """
+        check_input(x, self.d_in, (3,), like=self.W_query.weight)
+        if state is not None and not isinstance(state, RecurrentState):
+            raise TypeError(
+                f"state must be an attnlib.RecurrentState or None, got {type_name(state)}"
+            )
+        b, n, _ = x.shape
+        h, d, dv = self.num_heads, self.head_dim, self.head_dim_v
+        mixed = torch.cat([self.W_query(x), self.W_key(x), self.W_value(x)], dim=-1)
+        mixed = mixed.transpose(1, 2)  # (b, channels, n)
+        if state is not None and state.conv_state is not None:
+            history = state.conv_state
+        else:
+            history = mixed.new_zeros(b, mixed.shape[1], self.conv_size - 1)
+        padded = torch.cat([history, mixed], dim=-1)  # (b, channels, conv_size - 1 + n)
+        mixed = F.silu(self.conv(padded)).transpose(1, 2)  # (b, n, channels), causal
+        queries, keys, values = mixed.split([h * d, h * d, h * dv], dim=-1)
+        queries = F.normalize(queries.view(b, n, h, d), dim=-1).transpose(1, 2)
+        # queries: (b, h, n, d), unit norm
+        keys = F.normalize(keys.view(b, n, h, d), dim=-1).transpose(1, 2)  # (b, h, n, d)
+        values = values.view(b, n, h, dv).transpose(1, 2)  # (b, h, n, dv)
+        beta = torch.sigmoid(self.W_beta(x)).transpose(1, 2)  # (b, h, n)
+        g = -self.A_log.exp() * F.softplus(self.W_alpha(x) + self.dt_bias)  # (b, n, h)
+        g = g.transpose(1, 2)  # (b, h, n)
+        outputs, final_state = gated_delta_rule(
+            queries, keys, values, beta, g,
+            form="recurrent" if n == 1 else "chunked", chunk_size=self.chunk_size,
+            initial_state=None if state is None else state.state,
+        )  # (b, h, n, dv)
+        if state is not None:
+            state.conv_state = padded[:, :, -(self.conv_size - 1):].clone() if (
+                self.conv_size > 1) else padded[:, :, :0].clone()
+            state.state = final_state
+            state.num_tokens += n
+        outputs = self.norm(outputs.transpose(1, 2))  # (b, n, h, dv)
+        gate = F.silu(self.W_gate(x)).view(b, n, h, dv)  # (b, n, h, dv)
+        return self.out_proj((outputs * gate).reshape(b, n, h * dv))  # (b, n, d_in)
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_in={self.d_in}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
+            f"head_dim_v={self.head_dim_v}, conv_size={self.conv_size}"
+        )

@@ -1,0 +1,175 @@
+"""attnlib.latent: multi-head latent attention, naive and absorbed, cached, and
+against Hugging Face's DeepSeek-V3 attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlib.latent import LatentCache, MultiHeadLatentAttention
+
+SHAPE = dict(kv_lora_rank=12, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6)
+
+
+def _mla(q_lora_rank: int | None = 16, dtype: torch.dtype = torch.float64, seed: int = 0):
+    torch.manual_seed(seed)
+    mla = MultiHeadLatentAttention(32, 24, 4, q_lora_rank=q_lora_rank, **SHAPE).to(dtype)
+    with torch.no_grad():
+        for p in mla.parameters():  # norms away from 1 as well, so they matter
+            p.normal_(0.0, 0.3)
+    return mla.eval()
+
+
+@pytest.mark.parametrize("q_lora_rank", [None, 16])
+def test_absorbed_form_equals_naive_form(q_lora_rank):
+    mla = _mla(q_lora_rank)
+    x = torch.randn(2, 9, 32, dtype=torch.float64)
+    naive = mla(x)
+    absorbed = mla(x, absorb=True)
+    assert naive.shape == (2, 9, 32)
+    torch.testing.assert_close(absorbed, naive, rtol=0, atol=1e-12)
+
+
+def test_causal_later_tokens_do_not_change_earlier_outputs():
+    mla = _mla()
+    x = torch.randn(1, 10, 32, dtype=torch.float64)
+    full = mla(x)
+    torch.testing.assert_close(mla(x[:, :6]), full[:, :6], rtol=0, atol=1e-12)
+    x2 = x.clone()
+    x2[:, 7] += 1.0
+    assert (mla(x2)[:, 7] - full[:, 7]).abs().max() > 1e-3  # a change does show
+
+
+@pytest.mark.parametrize("absorb", [False, True])
+def test_cached_decoding_equals_full_forward(absorb):
+    mla = _mla()
+    x = torch.randn(2, 11, 32, dtype=torch.float64)
+    full = mla(x)
+    cache = LatentCache()
+    parts = [mla(x[:, :5], kv_cache=cache, absorb=absorb)]
+    for t in range(5, 11):
+        parts.append(mla(x[:, t : t + 1], kv_cache=cache, absorb=absorb))
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=0, atol=1e-12)
+    assert cache.num_tokens == 11
+    assert cache.latents.shape == (2, 11, 12) and cache.rope_keys.shape == (2, 11, 4)
+    assert cache.memory_bytes() == 2 * 11 * (12 + 4) * 8
+    assert mla.cache_numbers_per_token == 16
+
+
+def test_rope_makes_scores_depend_on_relative_position_only():
+    # Shifting every position by the same offset (a cache of a dummy prefix whose
+    # keys cannot be seen) leaves attention among the later tokens unchanged only
+    # up to the rotation: here we check the RoPE part is actually used, by
+    # comparing against a model whose rope dimension sees position 0 everywhere.
+    mla = _mla()
+    x = torch.randn(1, 6, 32, dtype=torch.float64)
+    out = mla(x)
+    with torch.no_grad():
+        mla.rope.cos.fill_(1.0)
+        mla.rope.sin.fill_(0.0)
+    assert (mla(x) - out).abs().max() > 1e-4
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="qk_rope_head_dim=3 must be even"):
+        MultiHeadLatentAttention(32, 8, 4, kv_lora_rank=4, qk_nope_head_dim=4,
+                                 qk_rope_head_dim=3, v_head_dim=4)
+    with pytest.raises(TypeError, match="kv_lora_rank must be an int"):
+        MultiHeadLatentAttention(32, 8, 4, kv_lora_rank=4.0, qk_nope_head_dim=4,
+                                 qk_rope_head_dim=2, v_head_dim=4)
+    mla = _mla()
+    with pytest.raises(ValueError, match="exceed context_length=24"):
+        cache = LatentCache()
+        mla(torch.randn(1, 20, 32, dtype=torch.float64), kv_cache=cache)
+        mla(torch.randn(1, 5, 32, dtype=torch.float64), kv_cache=cache)
+    with pytest.raises(TypeError, match="LatentCache or None"):
+        mla(torch.randn(1, 2, 32, dtype=torch.float64), kv_cache=object())
+    with pytest.raises(TypeError, match="absorb must be a bool"):
+        mla(torch.randn(1, 2, 32, dtype=torch.float64), absorb=1)
+    with pytest.raises(TypeError, match="dtype"):
+        mla(torch.randn(1, 2, 32, dtype=torch.float32))
+
+
+# ---------------------------------------------------------------------------
+# Against transformers' DeepSeek-V3 attention (built from a config; no download)
+# ---------------------------------------------------------------------------
+
+
+def _hf_mla(dtype: torch.dtype):
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
+
+    config = transformers.DeepseekV3Config(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=16,
+        num_hidden_layers=1, vocab_size=50, intermediate_size=16, moe_intermediate_size=8,
+        n_routed_experts=2, num_experts_per_tok=1, n_shared_experts=1,
+        first_k_dense_replace=1, max_position_embeddings=64, rope_interleave=True,
+        attn_implementation="eager", **SHAPE,
+    )
+    torch.manual_seed(1)
+    hf = ds.DeepseekV3Attention(config, layer_idx=0)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0.0, 0.3)
+    hf = hf.to(dtype).eval()
+    rotary = ds.DeepseekV3RotaryEmbedding(config).to(dtype)
+    return transformers, config, hf, rotary
+
+
+def _copy_from_hf(hf) -> MultiHeadLatentAttention:
+    """attnlib's MLA with the weights of Hugging Face's (interleaved RoPE rows permuted)."""
+    mla = MultiHeadLatentAttention(32, 64, 4, q_lora_rank=16, **SHAPE).to(hf.o_proj.weight.dtype)
+    nope, rope, heads = SHAPE["qk_nope_head_dim"], SHAPE["qk_rope_head_dim"], 4
+    # interleaved pairs (0, 1), (2, 3), ... -> half-split pairs (i, i + rope / 2)
+    perm = torch.cat([torch.arange(0, rope, 2), torch.arange(1, rope, 2)])
+    q_rows = torch.arange(heads * (nope + rope)).view(heads, nope + rope)
+    q_rows[:, nope:] = q_rows[:, nope:][:, perm]
+    kv_rows = torch.arange(SHAPE["kv_lora_rank"] + rope)
+    kv_rows[SHAPE["kv_lora_rank"]:] = kv_rows[SHAPE["kv_lora_rank"]:][perm]
+    with torch.no_grad():
+        mla.W_query_down.weight.copy_(hf.q_a_proj.weight)
+        mla.query_norm.weight.copy_(hf.q_a_layernorm.weight)
+        mla.W_query_up.weight.copy_(hf.q_b_proj.weight[q_rows.flatten()])
+        mla.W_kv_down.weight.copy_(hf.kv_a_proj_with_mqa.weight[kv_rows])
+        mla.kv_norm.weight.copy_(hf.kv_a_layernorm.weight)
+        mla.W_kv_up.weight.copy_(hf.kv_b_proj.weight)
+        mla.out_proj.weight.copy_(hf.o_proj.weight)
+    return mla.eval()
+
+
+def _causal_bias(num_tokens: int, num_tokens_kv: int, dtype: torch.dtype) -> torch.Tensor:
+    allowed = torch.ones(num_tokens, num_tokens_kv, dtype=torch.bool).tril(
+        num_tokens_kv - num_tokens
+    )
+    bias = torch.zeros(num_tokens, num_tokens_kv, dtype=dtype)
+    return bias.masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+
+
+# DeepseekV3RMSNorm rounds its input to float32 even in float64, so the float64
+# comparison is held to float32 rounding of the latents, not to float64's.
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 2e-5), (torch.float64, 2e-6)])
+@pytest.mark.parametrize("absorb", [False, True])
+def test_equals_transformers_deepseek_v3(dtype, atol, absorb):
+    transformers, config, hf, rotary = _hf_mla(dtype)
+    mla = _copy_from_hf(hf)
+    torch.manual_seed(2)
+    x = torch.randn(2, 10, 32, dtype=dtype)
+    positions = torch.arange(10)[None]
+    with torch.no_grad():
+        expected, _ = hf(x, rotary(x, positions), _causal_bias(10, 10, dtype))
+        got = mla(x, absorb=absorb)
+    torch.testing.assert_close(got, expected, rtol=0, atol=atol)
+
+    # Cached decoding: a prompt of 6 tokens, then one token at a time, both sides.
+    hf_cache = transformers.DynamicCache(config=config)
+    cache = LatentCache()
+    hf_parts, parts = [], []
+    with torch.no_grad():
+        for start, stop in [(0, 6), (6, 7), (7, 8), (8, 9), (9, 10)]:
+            chunk = x[:, start:stop]
+            out, _ = hf(chunk, rotary(chunk, torch.arange(start, stop)[None]),
+                        _causal_bias(stop - start, stop, dtype), cache=hf_cache)
+            hf_parts.append(out)
+            parts.append(mla(chunk, kv_cache=cache, absorb=absorb))
+    torch.testing.assert_close(torch.cat(hf_parts, 1), expected, rtol=0, atol=atol)
+    torch.testing.assert_close(torch.cat(parts, 1), expected, rtol=0, atol=atol)

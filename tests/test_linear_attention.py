@@ -1,0 +1,192 @@
+"""attnlib.linear_attention: the three forms agree, the delta rule does what it
+says, and Gated DeltaNet matches Hugging Face's Qwen3-Next layer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnlib.linear_attention import (
+    GatedDeltaNet,
+    RecurrentState,
+    delta_rule_step,
+    gated_delta_rule,
+    linear_attention,
+)
+
+
+def _inputs(b=2, h=3, n=13, d=5, dv=7, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, n, d, generator=g, dtype=dtype)
+    k = F.normalize(torch.randn(b, h, n, d, generator=g, dtype=dtype), dim=-1)
+    v = torch.randn(b, h, n, dv, generator=g, dtype=dtype)
+    beta = torch.rand(b, h, n, generator=g, dtype=dtype)
+    log_decay = -torch.rand(b, h, n, generator=g, dtype=dtype)
+    return q, k, v, beta, log_decay
+
+
+def test_linear_attention_parallel_equals_recurrent_and_is_causal():
+    q, k, v, _, _ = _inputs()
+    parallel = linear_attention(q, k, v)
+    recurrent = linear_attention(q, k, v, form="recurrent")
+    torch.testing.assert_close(recurrent, parallel, rtol=0, atol=1e-12)
+    torch.testing.assert_close(linear_attention(q[:, :, :6], k[:, :, :6], v[:, :, :6]),
+                               parallel[:, :, :6], rtol=0, atol=1e-12)
+    # The first output is the first value (the weights of one token sum to 1).
+    torch.testing.assert_close(parallel[:, :, 0], v[:, :, 0], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("chunk_size", [1, 4, 5, 64])
+def test_gated_delta_rule_three_forms_agree(gated, chunk_size):
+    q, k, v, beta, log_decay = _inputs()
+    g = log_decay if gated else None
+    recurrent, s_rec = gated_delta_rule(q, k, v, beta, g, form="recurrent")
+    parallel, s_par = gated_delta_rule(q, k, v, beta, g, form="parallel")
+    chunked, s_chk = gated_delta_rule(q, k, v, beta, g, form="chunked", chunk_size=chunk_size)
+    assert recurrent.shape == (2, 3, 13, 7) and s_rec.shape == (2, 3, 5, 7)
+    for out, state in ((parallel, s_par), (chunked, s_chk)):
+        torch.testing.assert_close(out, recurrent, rtol=0, atol=1e-10)
+        torch.testing.assert_close(state, s_rec, rtol=0, atol=1e-10)
+
+
+def test_initial_state_continues_a_sequence():
+    q, k, v, beta, g = _inputs(n=12)
+    full, s_full = gated_delta_rule(q, k, v, beta, g, form="parallel")
+    first, s1 = gated_delta_rule(q[:, :, :7], k[:, :, :7], v[:, :, :7], beta[:, :, :7],
+                                 g[:, :, :7], form="chunked", chunk_size=3)
+    second, s2 = gated_delta_rule(q[:, :, 7:], k[:, :, 7:], v[:, :, 7:], beta[:, :, 7:],
+                                  g[:, :, 7:], form="parallel", initial_state=s1)
+    torch.testing.assert_close(torch.cat([first, second], 2), full, rtol=0, atol=1e-10)
+    torch.testing.assert_close(s2, s_full, rtol=0, atol=1e-10)
+
+
+def test_delta_rule_with_beta_one_stores_the_value_exactly():
+    # After writing (k, v) with beta = 1 and a unit key, reading with k returns v,
+    # whatever the state held before: the delta rule overwrites, linear attention adds.
+    g = torch.Generator().manual_seed(3)
+    state = torch.randn(1, 2, 4, 3, generator=g, dtype=torch.float64)
+    key = F.normalize(torch.randn(1, 2, 4, generator=g, dtype=torch.float64), dim=-1)
+    value = torch.randn(1, 2, 3, generator=g, dtype=torch.float64)
+    out, new_state = delta_rule_step(state, key, key, value, torch.ones(1, 2,
+                                     dtype=torch.float64), scale=1.0)
+    torch.testing.assert_close(out, value, rtol=0, atol=1e-12)
+    assert not torch.equal(new_state, state)  # the argument is not modified in place...
+    assert state.abs().sum() > 0
+    # ...and a plain additive write (linear attention) would not recall v.
+    additive = state + key[..., :, None] * value[..., None, :]
+    assert ((additive * key[..., :, None]).sum(-2) - value).abs().max() > 1e-3
+
+
+def test_gate_decays_the_state():
+    g = torch.Generator().manual_seed(4)
+    state = torch.randn(1, 1, 4, 3, generator=g, dtype=torch.float64)
+    zeros = torch.zeros(1, 1, 4, dtype=torch.float64)
+    _, decayed = delta_rule_step(state, zeros, zeros, torch.zeros(1, 1, 3, dtype=torch.float64),
+                                 torch.ones(1, 1, dtype=torch.float64),
+                                 torch.full((1, 1), -0.5, dtype=torch.float64))
+    torch.testing.assert_close(decayed, state * torch.exp(torch.tensor(-0.5, dtype=torch.float64)), rtol=0,
+                               atol=1e-12)
+
+
+def test_bad_arguments():
+    q, k, v, beta, g = _inputs()
+    with pytest.raises(ValueError, match="form must be one of"):
+        gated_delta_rule(q, k, v, beta, g, form="fast")
+    with pytest.raises(ValueError, match="beta must have shape"):
+        gated_delta_rule(q, k, v, beta[:, :, :3], g)
+    with pytest.raises(ValueError, match="queries and keys must have the same shape"):
+        linear_attention(q, k[:, :, :4], v)
+    with pytest.raises(ValueError, match="form must be one of"):
+        linear_attention(q, k, v, form="chunked")
+    with pytest.raises(ValueError, match="key must have shape"):
+        delta_rule_step(torch.zeros(1, 1, 4, 3), torch.zeros(1, 1, 4), torch.zeros(1, 1, 5),
+                        torch.zeros(1, 1, 3), torch.ones(1, 1))
+    with pytest.raises(TypeError, match="state must be an attnlib.RecurrentState"):
+        GatedDeltaNet(8, 2, 4)(torch.randn(1, 3, 8), state={})
+
+
+def test_gated_deltanet_state_is_constant_and_decoding_equals_full_forward():
+    torch.manual_seed(0)
+    layer = GatedDeltaNet(16, 2, 4, head_dim_v=6, chunk_size=4).double()
+    x = torch.randn(2, 11, 16, dtype=torch.float64)
+    full = layer(x)
+    state = RecurrentState()
+    parts = [layer(x[:, :5], state=state)]
+    size_after_prompt = state.memory_bytes()
+    for t in range(5, 11):
+        parts.append(layer(x[:, t : t + 1], state=state))
+    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=0, atol=1e-12)
+    assert state.memory_bytes() == size_after_prompt == 2 * layer.state_numbers * 8
+    assert state.num_tokens == 11
+
+
+# ---------------------------------------------------------------------------
+# Against transformers' Qwen3-Next (torch fallback of the fla kernels)
+# ---------------------------------------------------------------------------
+
+
+def _hf_layer(dtype):
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.qwen3_next import modeling_qwen3_next as qn
+
+    config = transformers.Qwen3NextConfig(
+        hidden_size=16, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+        linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=4,
+        linear_value_head_dim=6, linear_conv_kernel_dim=4, num_hidden_layers=1,
+        layer_types=["linear_attention"], vocab_size=50, intermediate_size=16,
+        moe_intermediate_size=8, num_experts=2, num_experts_per_tok=1,
+    )
+    torch.manual_seed(5)
+    hf = qn.Qwen3NextGatedDeltaNet(config, layer_idx=0)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0.0, 0.4)
+    return transformers, qn, config, hf.to(dtype).eval()
+
+
+def _copy_from_hf(hf) -> GatedDeltaNet:
+    layer = GatedDeltaNet(16, 2, 4, head_dim_v=6, chunk_size=4).to(hf.out_proj.weight.dtype)
+    h, d, dv = 2, 4, 6
+    qkvz = hf.in_proj_qkvz.weight.view(h, 2 * d + 2 * dv, 16)  # per head: q, k, v, z
+    q, k, v, z = qkvz.split([d, d, dv, dv], dim=1)
+    ba = hf.in_proj_ba.weight.view(h, 2, 16)  # per head: b, a
+    with torch.no_grad():
+        layer.W_query.weight.copy_(q.reshape(h * d, 16))
+        layer.W_key.weight.copy_(k.reshape(h * d, 16))
+        layer.W_value.weight.copy_(v.reshape(h * dv, 16))
+        layer.W_gate.weight.copy_(z.reshape(h * dv, 16))
+        layer.W_beta.weight.copy_(ba[:, 0])
+        layer.W_alpha.weight.copy_(ba[:, 1])
+        layer.conv.weight.copy_(hf.conv1d.weight)
+        layer.A_log.copy_(hf.A_log)
+        layer.dt_bias.copy_(hf.dt_bias)
+        layer.norm.weight.copy_(hf.norm.weight)
+        layer.out_proj.weight.copy_(hf.out_proj.weight)
+    return layer.eval()
+
+
+# Qwen3-Next's torch path computes the delta rule in float32 whatever the input
+# dtype, so both comparisons are held to float32 rounding.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_equals_transformers_qwen3_next(dtype):
+    transformers, qn, config, hf = _hf_layer(dtype)
+    layer = _copy_from_hf(hf)
+    torch.manual_seed(6)
+    x = torch.randn(2, 10, 16, dtype=dtype)
+    with torch.no_grad():
+        expected = hf(x)
+        got = layer(x)
+    torch.testing.assert_close(got, expected, rtol=0, atol=2e-5)
+
+    # Cached decoding on both sides: a prompt of 6 tokens, then one at a time.
+    model_cache = transformers.DynamicCache(config=config)
+    state = RecurrentState()
+    hf_parts, parts = [], []
+    with torch.no_grad():
+        for start, stop in [(0, 6), (6, 7), (7, 8), (8, 9), (9, 10)]:
+            hf_parts.append(hf(x[:, start:stop], cache=model_cache))
+            parts.append(layer(x[:, start:stop], state=state))
+    torch.testing.assert_close(torch.cat(hf_parts, 1), expected, rtol=0, atol=2e-5)
+    torch.testing.assert_close(torch.cat(parts, 1), expected, rtol=0, atol=2e-5)
