@@ -1,0 +1,659 @@
+"""attnlib.exercises.kernel: check_logsumexp_kernel, check_delta_kernel, check_block_size.
+
+Each checker accepts the book's solution and rejects each typical wrong answer with a
+message that names it (one learner's kernel per mistake, written here as a learner
+would write it); the global random state is unchanged after every check.
+
+The kernel checkers run Triton kernels: on the CPU this file sets TRITON_INTERPRET=1
+before Triton's first import, as tests/test_flash_triton.py does, and the kernels run in
+Triton's interpreter (the whole file takes seconds); where CUDA exists they run compiled.
+The file is skipped where Triton is not installed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA and "triton" not in sys.modules:
+    os.environ["TRITON_INTERPRET"] = "1"  # before Triton's first import in this process
+triton = pytest.importorskip("triton", reason="Triton is not installed: kernel checkers untested")
+import triton.language as tl  # noqa: E402
+
+from attnlib import flash_triton  # noqa: E402
+from attnlib.exercises import (  # noqa: E402
+    CheckFailed,
+    check_block_size,
+    check_delta_kernel,
+    check_logsumexp_kernel,
+)
+from attnlib.exercises.kernel import _largest_block  # noqa: E402
+
+if not CUDA and not flash_triton._imported_interpreted(triton):
+    pytest.fail("Triton was imported (by an earlier test module) before this file could set "
+                "TRITON_INTERPRET=1, so the kernels cannot run on this CPU", pytrace=False)
+
+# ---------------------------------------------------------------------------
+# check_logsumexp_kernel: the book's solution and one kernel per mistake
+# ---------------------------------------------------------------------------
+
+
+@triton.jit
+def logsumexp_kernel(x_ptr, out_ptr, num_cols, row_stride, BLOCK: tl.constexpr):
+    """The solution printed in chapter 11."""
+    row = tl.program_id(0)
+    row_max = tl.full([], float("-inf"), tl.float32)  # m, in base-2 units
+    row_sum = tl.zeros([], tl.float32)  # l
+    for start in range(0, num_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * row_stride + cols, mask=cols < num_cols,
+                    other=float("-inf"))
+        x = x * 1.4426950408889634  # log2(e): exp(x) = exp2(x * log2(e))
+        new_max = tl.maximum(row_max, tl.max(x, axis=0))
+        row_sum = row_sum * tl.exp2(row_max - new_max) + tl.sum(tl.exp2(x - new_max), axis=0)
+        row_max = new_max
+    tl.store(out_ptr + row, (row_max + tl.log2(row_sum)) * 0.6931471805599453)  # ln 2
+
+
+@triton.jit
+def lse_natural_base(x_ptr, out_ptr, num_cols, row_stride, BLOCK: tl.constexpr):
+    """Right, with tl.exp and tl.log and a running maximum started at -1e30."""
+    row = tl.program_id(0)
+    m = tl.full([], -1e30, tl.float32)
+    s = tl.zeros([], tl.float32)
+    for start in range(0, num_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * row_stride + cols, mask=cols < num_cols, other=-1e30)
+        new_m = tl.maximum(m, tl.max(x, axis=0))
+        s = s * tl.exp(m - new_m) + tl.sum(tl.exp(x - new_m), axis=0)
+        m = new_m
+    tl.store(out_ptr + row, m + tl.log(s))
+
+
+@triton.jit
+def lse_no_mask(x_ptr, out_ptr, num_cols, row_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    m = tl.full([], float("-inf"), tl.float32)
+    s = tl.zeros([], tl.float32)
+    for start in range(0, num_cols, BLOCK):
+        x = tl.load(x_ptr + row * row_stride + start + tl.arange(0, BLOCK))
+        new_m = tl.maximum(m, tl.max(x, axis=0))
+        s = s * tl.exp(m - new_m) + tl.sum(tl.exp(x - new_m), axis=0)
+        m = new_m
+    tl.store(out_ptr + row, m + tl.log(s))
+
+
+@triton.jit
+def lse_other_zero(x_ptr, out_ptr, num_cols, row_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    m = tl.full([], float("-inf"), tl.float32)
+    s = tl.zeros([], tl.float32)
+    for start in range(0, num_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * row_stride + cols, mask=cols < num_cols, other=0.0)
+        new_m = tl.maximum(m, tl.max(x, axis=0))
+        s = s * tl.exp(m - new_m) + tl.sum(tl.exp(x - new_m), axis=0)
+        m = new_m
+    tl.store(out_ptr + row, m + tl.log(s))
+
+
+@triton.jit
+def lse_off_by_one(x_ptr, out_ptr, num_cols, row_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    m = tl.full([], float("-inf"), tl.float32)
+    s = tl.zeros([], tl.float32)
+    for start in range(0, num_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * row_stride + cols, mask=cols <= num_cols,
+                    other=float("-inf"))
+        new_m = tl.maximum(m, tl.max(x, axis=0))
+        s = s * tl.exp(m - new_m) + tl.sum(tl.exp(x - new_m), axis=0)
+        m = new_m
+    tl.store(out_ptr + row, m + tl.log(s))
+
+
+@triton.jit
+def lse_whole_blocks_only(x_ptr, out_ptr, num_cols, row_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    m = tl.full([], float("-inf"), tl.float32)
+    s = tl.zeros([], tl.float32)
+    for b in range(0, num_cols // BLOCK):
+        cols = b * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * row_stride + cols)
+        new_m = tl.maximum(m, tl.max(x, axis=0))
+        s = s * tl.exp(m - new_m) + tl.sum(tl.exp(x - new_m), axis=0)
+        m = new_m
+    tl.store(out_ptr + row, m + tl.log(s))
+
+
+@triton.jit
+def lse_no_rescale(x_ptr, out_ptr, num_cols, row_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    m = tl.full([], float("-inf"), tl.float32)
+    s = tl.zeros([], tl.float32)
+    for start in range(0, num_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * row_stride + cols, mask=cols < num_cols,
+                    other=float("-inf"))
+        m = tl.maximum(m, tl.max(x, axis=0))  # updated first: the old maximum is lost
+        s = s + tl.sum(tl.exp(x - m), axis=0)
+    tl.store(out_ptr + row, m + tl.log(s))
+
+
+@triton.jit
+def lse_base_two(x_ptr, out_ptr, num_cols, row_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    m = tl.full([], float("-inf"), tl.float32)
+    s = tl.zeros([], tl.float32)
+    for start in range(0, num_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * row_stride + cols, mask=cols < num_cols,
+                    other=float("-inf")) * 1.4426950408889634
+        new_m = tl.maximum(m, tl.max(x, axis=0))
+        s = s * tl.exp2(m - new_m) + tl.sum(tl.exp2(x - new_m), axis=0)
+        m = new_m
+    tl.store(out_ptr + row, m + tl.log2(s))  # no * ln 2
+
+
+@triton.jit
+def lse_exp2_unscaled(x_ptr, out_ptr, num_cols, row_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    m = tl.full([], float("-inf"), tl.float32)
+    s = tl.zeros([], tl.float32)
+    for start in range(0, num_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * row_stride + cols, mask=cols < num_cols,
+                    other=float("-inf"))  # no * log2(e)
+        new_m = tl.maximum(m, tl.max(x, axis=0))
+        s = s * tl.exp2(m - new_m) + tl.sum(tl.exp2(x - new_m), axis=0)
+        m = new_m
+    tl.store(out_ptr + row, (m + tl.log2(s)) * 0.6931471805599453)
+
+
+@triton.jit
+def lse_exp2_unscaled_base_two(x_ptr, out_ptr, num_cols, row_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    m = tl.full([], float("-inf"), tl.float32)
+    s = tl.zeros([], tl.float32)
+    for start in range(0, num_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * row_stride + cols, mask=cols < num_cols,
+                    other=float("-inf"))
+        new_m = tl.maximum(m, tl.max(x, axis=0))
+        s = s * tl.exp2(m - new_m) + tl.sum(tl.exp2(x - new_m), axis=0)
+        m = new_m
+    tl.store(out_ptr + row, m + tl.log2(s))
+
+
+@triton.jit
+def lse_ignores_row_stride(x_ptr, out_ptr, num_cols, row_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    m = tl.full([], float("-inf"), tl.float32)
+    s = tl.zeros([], tl.float32)
+    for start in range(0, num_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * num_cols + cols, mask=cols < num_cols, other=float("-inf"))
+        new_m = tl.maximum(m, tl.max(x, axis=0))
+        s = s * tl.exp(m - new_m) + tl.sum(tl.exp(x - new_m), axis=0)
+        m = new_m
+    tl.store(out_ptr + row, m + tl.log(s))
+
+
+@triton.jit
+def lse_no_max(x_ptr, out_ptr, num_cols, row_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    s = tl.zeros([], tl.float32)
+    for start in range(0, num_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * row_stride + cols, mask=cols < num_cols,
+                    other=float("-inf"))
+        s = s + tl.sum(tl.exp(x), axis=0)
+    tl.store(out_ptr + row, tl.log(s))
+
+
+@triton.jit
+def lse_max_starts_at_zero(x_ptr, out_ptr, num_cols, row_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    m = tl.zeros([], tl.float32)
+    s = tl.zeros([], tl.float32)
+    for start in range(0, num_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * row_stride + cols, mask=cols < num_cols,
+                    other=float("-inf"))
+        new_m = tl.maximum(m, tl.max(x, axis=0))
+        s = s * tl.exp(m - new_m) + tl.sum(tl.exp(x - new_m), axis=0)
+        m = new_m
+    tl.store(out_ptr + row, m + tl.log(s))
+
+
+@triton.jit
+def lse_stores_one_row_later(x_ptr, out_ptr, num_cols, row_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * row_stride + cols, mask=cols < num_cols, other=float("-inf"))
+    m = tl.max(x, axis=0)
+    tl.store(out_ptr + row + 1, m + tl.log(tl.sum(tl.exp(x - m), axis=0)))
+
+
+@triton.jit
+def lse_first_block_only(x_ptr, out_ptr, num_cols, row_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * row_stride + cols, mask=cols < num_cols, other=float("-inf"))
+    m = tl.max(x, axis=0)
+    tl.store(out_ptr + row, m + tl.log(tl.sum(tl.exp(x - m), axis=0)))
+
+
+@triton.jit
+def lse_writes_into_x(x_ptr, out_ptr, num_cols, row_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    tl.store(x_ptr + row * row_stride + cols, tl.zeros([BLOCK], tl.float32),
+             mask=cols < num_cols)
+    tl.store(out_ptr + row, 0.0)
+
+
+@triton.jit
+def lse_stub(x_ptr, out_ptr, num_cols, row_stride, BLOCK: tl.constexpr):
+    raise NotImplementedError("write the kernel")
+
+
+def test_logsumexp_accepts_the_book_solution(capsys):
+    assert check_logsumexp_kernel(logsumexp_kernel) is True
+    assert capsys.readouterr().out.startswith("Correct: logsumexp_kernel gives")
+
+
+def test_logsumexp_accepts_natural_base_and_a_finite_start():
+    assert check_logsumexp_kernel(lse_natural_base) is True
+
+
+@pytest.mark.parametrize(
+    ("kernel", "named"),
+    [
+        pytest.param(lse_no_mask, "loads past the row's end.*mask=cols < num_cols",
+                     id="no-mask"),
+        pytest.param(lse_other_zero, r"fills the masked lanes .* with 0\.0", id="other-zero"),
+        pytest.param(lse_off_by_one, "reads one entry past.*not cols <= num_cols",
+                     id="off-by-one"),
+        pytest.param(lse_whole_blocks_only, "skips the last, partial block", id="last-block"),
+        pytest.param(lse_no_rescale, "forgets to rescale the running sum", id="no-rescale"),
+        pytest.param(lse_base_two, "returns the log-sum-exp in base 2", id="base-two"),
+        pytest.param(lse_exp2_unscaled, r"calls exp2 on x itself: .* multiply x by",
+                     id="exp2-unscaled"),
+        pytest.param(lse_exp2_unscaled_base_two, "calls exp2 on x itself and returns base-2",
+                     id="exp2-unscaled-base-two"),
+        pytest.param(lse_ignores_row_stride, "ignores row_stride", id="row-stride"),
+        pytest.param(lse_no_max, "inf or nan on rows near \\+100.*subtract the running maximum",
+                     id="overflow"),
+        pytest.param(lse_max_starts_at_zero, "-inf on rows near -120.*not at 0",
+                     id="max-starts-at-0"),
+        pytest.param(lse_stores_one_row_later, "writes past the end of out", id="store-past-out"),
+        pytest.param(lse_first_block_only, "differs from torch.logsumexp by up to",
+                     id="something-else"),
+        pytest.param(lse_writes_into_x, "changes x", id="in-place"),
+        pytest.param(lse_stub, "raised NotImplementedError: replace the stub", id="stub"),
+    ],
+)
+def test_logsumexp_names_each_wrong_answer(kernel, named):
+    with pytest.raises(CheckFailed, match=named):
+        check_logsumexp_kernel(kernel)
+
+
+def test_logsumexp_message_names_the_launch_and_the_probe():
+    with pytest.raises(CheckFailed, match=r"lse_no_mask\[\(3,\)\]\(x, out, num_cols=37, "
+                                          r"row_stride=51, BLOCK=16\) on 3 rows of 37"):
+        check_logsumexp_kernel(lse_no_mask)
+
+
+def plain_logsumexp(x_ptr, out_ptr, num_cols, row_stride, BLOCK):
+    return None
+
+
+@pytest.mark.parametrize(
+    ("answer", "named"),
+    [
+        pytest.param(plain_logsumexp, "plain Python function plain_logsumexp: put @triton.jit",
+                     id="not-jitted"),
+        pytest.param("logsumexp_kernel", "a function, but got str", id="string"),
+        pytest.param(torch.zeros(3), "but got torch.Tensor", id="tensor"),
+        pytest.param(torch.nn.Linear, "a function, but got type", id="class"),
+    ],
+)
+def test_logsumexp_nonsense(answer, named):
+    with pytest.raises(CheckFailed, match=named):
+        check_logsumexp_kernel(answer)
+
+
+@pytest.mark.parametrize(
+    ("device", "error", "match"),
+    [(3, TypeError, "device must be a torch.device"),
+     pytest.param("cuda", ValueError, "no CUDA GPU",
+                  marks=pytest.mark.skipif(CUDA, reason="CUDA is here"))],
+)
+def test_kernel_checkers_reject_a_bad_device(device, error, match):
+    for check in (check_logsumexp_kernel, check_delta_kernel):
+        with pytest.raises(error, match=match):
+            check(logsumexp_kernel, device=device)
+
+
+# ---------------------------------------------------------------------------
+# check_delta_kernel
+# ---------------------------------------------------------------------------
+
+
+@triton.jit
+def delta_kernel(out_ptr, grad_out_ptr, delta_ptr, num_rows,
+                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The solution printed in chapter 11."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+    dims = tl.arange(0, HEAD_DIM)  # (HEAD_DIM,)
+    row_ok = rows < num_rows  # the edge mask of the last block
+    offsets = rows[:, None] * HEAD_DIM + dims[None, :]  # (BLOCK_M, HEAD_DIM)
+    o = tl.load(out_ptr + offsets, mask=row_ok[:, None], other=0.0).to(tl.float32)
+    do = tl.load(grad_out_ptr + offsets, mask=row_ok[:, None], other=0.0).to(tl.float32)
+    tl.store(delta_ptr + rows, tl.sum(o * do, axis=1), mask=row_ok)
+
+
+@triton.jit
+def delta_store_unmasked(out_ptr, grad_out_ptr, delta_ptr, num_rows,
+                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offsets = rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    o = tl.load(out_ptr + offsets)
+    do = tl.load(grad_out_ptr + offsets)
+    tl.store(delta_ptr + rows, tl.sum(o * do, axis=1))
+
+
+@triton.jit
+def delta_no_block_offset(out_ptr, grad_out_ptr, delta_ptr, num_rows,
+                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    rows = tl.program_id(0) + tl.arange(0, BLOCK_M)
+    row_ok = rows < num_rows
+    offsets = rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    o = tl.load(out_ptr + offsets, mask=row_ok[:, None], other=0.0)
+    do = tl.load(grad_out_ptr + offsets, mask=row_ok[:, None], other=0.0)
+    tl.store(delta_ptr + rows, tl.sum(o * do, axis=1), mask=row_ok)
+
+
+@triton.jit
+def delta_grad_only(out_ptr, grad_out_ptr, delta_ptr, num_rows,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < num_rows
+    offsets = rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    do = tl.load(grad_out_ptr + offsets, mask=row_ok[:, None], other=0.0)
+    tl.store(delta_ptr + rows, tl.sum(do, axis=1), mask=row_ok)
+
+
+@triton.jit
+def delta_out_only(out_ptr, grad_out_ptr, delta_ptr, num_rows,
+                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < num_rows
+    offsets = rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    o = tl.load(out_ptr + offsets, mask=row_ok[:, None], other=0.0)
+    tl.store(delta_ptr + rows, tl.sum(o, axis=1), mask=row_ok)
+
+
+@triton.jit
+def delta_grad_squared(out_ptr, grad_out_ptr, delta_ptr, num_rows,
+                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < num_rows
+    offsets = rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    do = tl.load(grad_out_ptr + offsets, mask=row_ok[:, None], other=0.0)
+    tl.store(delta_ptr + rows, tl.sum(do * do, axis=1), mask=row_ok)
+
+
+@triton.jit
+def delta_row_step_one(out_ptr, grad_out_ptr, delta_ptr, num_rows,
+                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < num_rows
+    offsets = rows[:, None] + tl.arange(0, HEAD_DIM)[None, :]  # no * HEAD_DIM
+    o = tl.load(out_ptr + offsets, mask=row_ok[:, None], other=0.0)
+    do = tl.load(grad_out_ptr + offsets, mask=row_ok[:, None], other=0.0)
+    tl.store(delta_ptr + rows, tl.sum(o * do, axis=1), mask=row_ok)
+
+
+@triton.jit
+def delta_wrong_axis(out_ptr, grad_out_ptr, delta_ptr, num_rows,
+                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < num_rows
+    offsets = rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    o = tl.load(out_ptr + offsets, mask=row_ok[:, None], other=0.0)
+    do = tl.load(grad_out_ptr + offsets, mask=row_ok[:, None], other=0.0)
+    tl.store(delta_ptr + rows, tl.sum(o * do, axis=0), mask=row_ok)
+
+
+@triton.jit
+def delta_writes_into_out(out_ptr, grad_out_ptr, delta_ptr, num_rows,
+                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < num_rows
+    offsets = rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    o = tl.load(out_ptr + offsets, mask=row_ok[:, None], other=0.0)
+    do = tl.load(grad_out_ptr + offsets, mask=row_ok[:, None], other=0.0)
+    tl.store(out_ptr + offsets, o * do, mask=row_ok[:, None])
+    tl.store(delta_ptr + rows, tl.sum(o * do, axis=1), mask=row_ok)
+
+
+@triton.jit
+def delta_stub(out_ptr, grad_out_ptr, delta_ptr, num_rows,
+               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    raise NotImplementedError("compute D = rowsum(dO * O)")
+
+
+def test_delta_accepts_the_book_solution(capsys):
+    assert check_delta_kernel(delta_kernel) is True
+    assert capsys.readouterr().out.startswith("Correct: delta_kernel gives D = rowsum(dO * O)")
+
+
+@pytest.mark.parametrize(
+    ("kernel", "named"),
+    [
+        pytest.param(delta_store_unmasked, "writes past the end of delta, at row 50.*"
+                                           "mask=rows < num_rows", id="store-unmasked"),
+        pytest.param(delta_no_block_offset, r"leaves delta\[19\] unwritten.*"
+                                            r"tl.program_id\(0\) \* BLOCK_M", id="no-offset"),
+        pytest.param(delta_grad_only, "sums dO alone", id="grad-only"),
+        pytest.param(delta_out_only, "sums O alone", id="out-only"),
+        pytest.param(delta_grad_squared, "sums the squares of dO", id="grad-squared"),
+        pytest.param(delta_row_step_one, "steps from row to row by 1 instead of HEAD_DIM",
+                     id="row-step"),
+        pytest.param(delta_wrong_axis, "sums along axis 0", id="wrong-axis"),
+        pytest.param(delta_writes_into_out, "changes out or grad_out", id="in-place"),
+        pytest.param(delta_stub, "raised NotImplementedError: replace the stub", id="stub"),
+    ],
+)
+def test_delta_names_each_wrong_answer(kernel, named):
+    with pytest.raises(CheckFailed, match=named):
+        check_delta_kernel(kernel)
+
+
+def test_delta_reports_a_kernel_that_fails_to_run():
+    # The log-sum-exp kernel has other arguments: the launch fails inside Triton, and the
+    # check says so instead of showing Triton's stack.
+    with pytest.raises(CheckFailed, match=r"^logsumexp_kernel\[\(4,\)\]\(out, grad_out, delta, "
+                                          r"num_rows=50, .* raised "):
+        check_delta_kernel(logsumexp_kernel)
+
+
+@pytest.mark.parametrize(
+    ("answer", "named"),
+    [
+        pytest.param(lambda *args: None, "plain Python function fn: put @triton.jit",
+                     id="not-jitted"),
+        pytest.param(None, "a function, but got NoneType", id="none"),
+    ],
+)
+def test_delta_nonsense(answer, named):
+    with pytest.raises(CheckFailed, match=named):
+        check_delta_kernel(answer)
+
+
+# ---------------------------------------------------------------------------
+# check_block_size
+# ---------------------------------------------------------------------------
+
+
+def book_largest_block(head_dim, element_size, num_stages, shared_memory_bytes):
+    """The solution printed in chapter 11."""
+    best = None
+    for block in (16, 32, 64, 128, 256):
+        tile_bytes = element_size * head_dim * (block + 2 * num_stages * block)
+        if tile_bytes <= shared_memory_bytes:
+            best = block
+    return best
+
+
+def learner_block(q=1, kv=2, stages=True, bits=False, strict=False, power_of_two=True):
+    """A learner's answer written independently of the checker, right or with one slip."""
+    def largest_block(head_dim, element_size, num_stages, shared_memory_bytes):
+        limit = shared_memory_bytes
+        q_tiles = num_stages if q == "per-stage" else q
+        tiles = q_tiles + kv * (num_stages if stages else 1)
+        width = element_size * head_dim * tiles  # bytes per row of the block
+        if not power_of_two:
+            block = limit // width
+            if strict and block * width == limit:
+                block -= 1
+            return block or None
+        best = None
+        block = 16
+        while block <= 256:
+            needed = block * width * (8 if bits else 1)
+            if (needed < limit) if strict else (needed <= limit):
+                best = block
+            block *= 2
+        return best
+    return largest_block
+
+
+def test_block_size_accepts_the_book_solution(capsys):
+    assert check_block_size(book_largest_block) is True
+    assert capsys.readouterr().out.startswith("Correct: book_largest_block picks")
+    assert check_block_size(learner_block()) is True
+    assert check_block_size(lambda *probe: _largest_block(*probe)) is True
+
+
+def test_block_size_probes_match_the_compiler_numbers_in_the_chapter():
+    # head_dim 128, bfloat16, 3 stages: 128 x 128 tiles take 229376 bytes (the compiler's
+    # figure for the forward kernel on sm_90), within the 232448 bytes a program may use.
+    assert _largest_block(128, 2, 3, 232448) == 128
+    assert _largest_block(128, 2, 4, 232448) == 64
+    assert _largest_block(128, 2, 3, 229375) == 64
+
+
+@pytest.mark.parametrize(
+    ("answer", "named"),
+    [
+        pytest.param(learner_block(stages=False), "counts one K tile and one V tile",
+                     id="no-stages"),
+        pytest.param(learner_block(kv=1), "counts the K tiles but not the V tiles", id="no-v"),
+        pytest.param(learner_block(q=0), "leaves out the Q tile", id="no-q"),
+        pytest.param(learner_block(q="per-stage"), "multiplies the Q tile by num_stages",
+                     id="q-per-stage"),
+        pytest.param(learner_block(bits=True), "counts bits, not bytes", id="bits"),
+        pytest.param(learner_block(strict=True), "fill shared memory exactly.*<=",
+                     id="strict"),
+        pytest.param(learner_block(power_of_two=False), "not a power of two",
+                     id="not-a-power-of-two"),
+        pytest.param(lambda d, e, s, limit: 64, r"returned 64; the largest block that fits is "
+                                                r"256 \(its tiles take 229376 bytes\)",
+                     id="constant"),
+        pytest.param(lambda d, e, s, limit: 64.0, "returned float 64.0; expected an int",
+                     id="float"),
+        pytest.param(lambda d, e, s, limit: "64", "returned str '64'; expected an int",
+                     id="string"),
+        pytest.param(lambda d, e, s, limit: True, "returned bool True", id="bool"),
+        pytest.param(lambda d, e, s, limit: e * d * 7 * 64, "returned 57344; the largest",
+                     id="bytes-not-block"),
+    ],
+)
+def test_block_size_names_each_wrong_answer(answer, named):
+    with pytest.raises(CheckFailed, match=named):
+        check_block_size(answer)
+
+
+def test_block_size_accepts_an_integer_tensor():
+    assert check_block_size(lambda *probe: (None if (b := _largest_block(*probe)) is None
+                                            else torch.tensor(b))) is True
+
+
+def test_block_size_nonsense_and_stub():
+    with pytest.raises(CheckFailed, match="a function, but got int"):
+        check_block_size(64)
+
+    def stub(head_dim, element_size, num_stages, shared_memory_bytes):
+        raise NotImplementedError("count the bytes")
+
+    with pytest.raises(CheckFailed, match="NotImplementedError"):
+        check_block_size(stub)
+
+
+# ---------------------------------------------------------------------------
+# every checker
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("check, answer", [
+    (check_logsumexp_kernel, logsumexp_kernel), (check_logsumexp_kernel, lse_no_mask),
+    (check_delta_kernel, delta_kernel), (check_block_size, book_largest_block)])
+def test_checkers_leave_the_random_state_alone(check, answer):
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    try:
+        check(answer)
+    except CheckFailed:
+        pass
+    torch.testing.assert_close(torch.rand(3), expected)
+
+
+_FRESH_PROCESS = """
+import os, torch
+os.environ.pop("TRITON_INTERPRET", None)
+import triton, triton.language as tl
+from attnlib.exercises import check_delta_kernel
+
+@triton.jit
+def kernel(out_ptr, grad_out_ptr, delta_ptr, num_rows, HEAD_DIM: tl.constexpr,
+           BLOCK_M: tl.constexpr):
+    pass
+
+try:
+    check_delta_kernel(kernel)
+except RuntimeError as err:
+    print("RuntimeError:", err)
+"""
+
+
+@pytest.mark.skipif(CUDA, reason="with CUDA the kernel runs compiled")
+def test_without_the_interpreter_a_cpu_check_says_how_to_switch_it_on(tmp_path):
+    script = tmp_path / "check_without_interpreter.py"  # @triton.jit needs a source file
+    script.write_text(_FRESH_PROCESS)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, str(script)], capture_output=True,
+                            text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "RuntimeError: a Triton kernel runs on CPU tensors only under Triton's " \
+           "interpreter: set os.environ['TRITON_INTERPRET'] = '1'" in result.stdout
+
+
+def test_the_probes_keep_every_mistake_apart():
+    # Each message names one mistake: on the probes, no two mistakes give the same answers,
+    # and none gives the right one.
+    from attnlib.exercises import kernel
+
+    expected = [_largest_block(*probe) for probe in kernel._BLOCK_PROBES]
+    answers = [tuple(wrong) for _, wrong in kernel._block_wrong_answers()]
+    assert len(set(answers)) == len(answers) and tuple(expected) not in answers
+    assert math.isfinite(kernel._LSE_GUARD)
