@@ -286,3 +286,204 @@ def test_block_rope_errors():
         TransformerBlock(6, 4, 2, rope=True)
     with pytest.raises(TypeError, match="rope must be a bool"):
         TransformerBlock(8, 4, 2, rope=1)
+
+
+# ---------------------------------------------------------------------------
+# Cross-layer KV sharing (kv_sharing) and the cache-size helpers
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("positional", ["learned", "rope"])
+def test_kv_sharing_consumers_have_no_key_value_projections(positional):
+    torch.manual_seed(0)
+    model = TinyTransformer(11, 16, 16, 2, 4, positional=positional, kv_sharing=2)
+    roles = [block.kv_role for block in model.blocks]
+    assert roles == ["producer", "consumer", "producer", "consumer"]
+    assert model.blocks[1].attn.W_key is None and model.blocks[0].attn.W_key is not None
+    plain = TinyTransformer(11, 16, 16, 2, 4, positional=positional)
+    n_plain = sum(p.numel() for p in plain.parameters())
+    n_shared = sum(p.numel() for p in model.parameters())
+    assert n_plain - n_shared == 2 * 2 * 16 * 16  # two consumers lose W_key and W_value
+    assert "kv_sharing=2" in repr(model)
+
+
+def test_kv_sharing_consumer_reads_the_producers_keys():
+    # Changing a producer's W_key changes the consumer's attention too.
+    torch.manual_seed(1)
+    model = TinyTransformer(11, 16, 16, 2, 2, kv_sharing=2).eval()
+    idx = torch.randint(0, 11, (2, 9))
+    x = model._add_positions(model.tok_emb(idx), 0)
+    x1, kv = model.blocks[0].forward_shared(x, None)
+    out, kv2 = model.blocks[1].forward_shared(x1, kv)
+    assert kv2[0] is kv[0]
+    with torch.no_grad():
+        model.blocks[0].attn.W_key.weight.mul_(2.0)
+    _, kv_b = model.blocks[0].forward_shared(x, None)
+    out_b, _ = model.blocks[1].forward_shared(x1, kv_b)
+    assert (out_b - out).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("positional", ["learned", "rope"])
+def test_kv_sharing_cached_decoding_equals_full_forward(positional):
+    torch.manual_seed(2)
+    model = TinyTransformer(11, 16, 16, 2, 3, positional=positional, kv_sharing=2).double()
+    model.eval()
+    idx = torch.randint(0, 11, (2, 10))
+    full = model(idx)
+    caches = model.new_kv_caches()
+    parts = [model(idx[:, :4], kv_caches=caches)]
+    for t in range(4, 10):
+        parts.append(model(idx[:, t : t + 1], kv_caches=caches))
+    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=0, atol=1e-12)
+    assert [len(c) for c in caches] == [10, 0, 10]  # the consumer caches nothing
+    prompt = idx[:, :3]
+    torch.testing.assert_close(model.generate(prompt, 5), model.generate(prompt, 5,
+                               use_cache=False))
+
+
+def test_kv_sharing_off_is_the_old_model():
+    torch.manual_seed(3)
+    a = TinyTransformer(11, 16, 16, 2, 2)
+    torch.manual_seed(3)
+    b = TinyTransformer(11, 16, 16, 2, 2, kv_sharing=1)
+    idx = torch.randint(0, 11, (1, 7))
+    torch.testing.assert_close(a(idx), b(idx), rtol=0, atol=0)
+    assert all(block.kv_role is None for block in b.blocks)
+
+
+def test_kv_sharing_bad_arguments():
+    with pytest.raises(ValueError, match="kv_sharing must be a positive int"):
+        TinyTransformer(11, 16, 16, 2, 2, kv_sharing=0)
+    with pytest.raises(ValueError, match="needs dropout=0"):
+        TinyTransformer(11, 16, 16, 2, 2, kv_sharing=2, dropout=0.1)
+    model = TinyTransformer(11, 16, 16, 2, 2, kv_sharing=2)
+    with pytest.raises(ValueError, match="return_weights=True is not supported"):
+        model(torch.zeros(1, 3, dtype=torch.long), return_weights=True)
+
+
+def test_cache_bytes_at_llama_3_8b_shape():
+    from attnlib.models import (
+        cache_bytes,
+        latent_cache_numbers,
+        linear_state_numbers,
+        softmax_cache_numbers,
+    )
+
+    # Llama-3-8B: 32 layers, 8 KV heads of 128: 128 KiB per token in bf16.
+    llama = [softmax_cache_numbers(8, 128)] * 32
+    assert cache_bytes(llama, 1) == 131072
+    assert cache_bytes(llama, 1000) == 1000 * 131072
+    # MLA at DeepSeek-V3's shape: 512 + 64 numbers per layer and token.
+    assert latent_cache_numbers(512, 64) == (576, 0)
+    # A linear layer's state does not grow with the tokens.
+    state = [linear_state_numbers(32, 128, 128, 8192, 4)]
+    assert cache_bytes(state, 10) == cache_bytes(state, 100_000) == 2 * (32 * 128 * 128
+                                                                        + 8192 * 3)
+    with pytest.raises(ValueError, match="num_tokens must be an int >= 0"):
+        cache_bytes(llama, -1)
+
+
+# ---------------------------------------------------------------------------
+# attention= variants (chapter 13's comparison)
+# ---------------------------------------------------------------------------
+
+VARIANTS = ("linear", "gated_deltanet", "mla", "sparse")
+
+
+@pytest.mark.parametrize("attention", VARIANTS)
+def test_variant_shapes_and_modules(attention):
+    torch.manual_seed(0)
+    model = TinyTransformer(11, 16, 16, 2, 2, attention=attention)
+    logits = model(tokens(3, 10))
+    assert logits.shape == (3, 10, 11)
+    assert torch.isfinite(logits).all()
+    from attnlib.models import VariantAttention
+    assert all(isinstance(b.attn, VariantAttention) for b in model.blocks)
+    assert f"attention='{attention}'" in repr(model)
+
+
+@pytest.mark.parametrize("attention", VARIANTS)
+@pytest.mark.parametrize("t", [0, 5, 9])
+def test_variant_is_causal(attention, t):
+    torch.manual_seed(0)
+    model = TinyTransformer(11, 16, 16, 2, 2, attention=attention).double().eval()
+    idx = tokens(2, 12)
+    changed = idx.clone()
+    changed[:, t] = (changed[:, t] + 1) % 11
+    with torch.no_grad():
+        a, b = model(idx), model(changed)
+    torch.testing.assert_close(a[:, :t], b[:, :t], rtol=0, atol=1e-12)
+    assert (a[:, t] - b[:, t]).abs().max() > 1e-6  # the changed token itself matters
+
+
+@pytest.mark.parametrize("attention", VARIANTS)
+def test_variant_trains(attention):
+    torch.manual_seed(0)
+    model = TinyTransformer(11, 16, 16, 2, 2, attention=attention)
+    idx = tokens(8, 12)
+    targets = torch.roll(idx, -1, dims=1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(30):
+        loss = torch.nn.functional.cross_entropy(model(idx).flatten(0, 1), targets.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.8 * losses[0]
+
+
+@pytest.mark.parametrize("attention", VARIANTS)
+def test_variant_generate_recomputes_without_cache(attention):
+    torch.manual_seed(0)
+    model = TinyTransformer(11, 16, 16, 2, 2, attention=attention).eval()
+    prompt = tokens(2, 4)
+    out = model.generate(prompt, 5)
+    assert out.shape == (2, 9)
+    assert torch.equal(out, model.generate(prompt, 5, use_cache=False))
+    with pytest.raises(ValueError, match="KV cache"):
+        model(prompt, kv_caches=model.new_kv_caches())
+    with pytest.raises(ValueError, match="return_weights"):
+        model(prompt, return_weights=True)
+
+
+def test_sparse_variant_keeps_top_k_keys_only():
+    torch.manual_seed(0)
+    from attnlib.models import VariantAttention
+    layer = VariantAttention("sparse", 16, 16, 2, top_k=16).double()
+    x = torch.randn(2, 10, 16, dtype=torch.float64)
+    # With top_k >= num_tokens every visible key is kept: plain causal attention.
+    q = layer.W_query(x).view(2, 10, 2, 8).transpose(1, 2)
+    k = layer.W_key(x).view(2, 10, 2, 8).transpose(1, 2)
+    v = layer.W_value(x).view(2, 10, 2, 8).transpose(1, 2)
+    full = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    expected = layer.out_proj(full.transpose(1, 2).reshape(2, 10, 16))
+    torch.testing.assert_close(layer(x), expected)
+    layer.top_k = 2
+    assert (layer(x) - expected)[:, 2:].abs().max() > 1e-6  # later queries lose keys
+    torch.testing.assert_close(layer(x)[:, :2], expected[:, :2])  # the first two see <= 2
+
+
+def test_variant_arguments():
+    with pytest.raises(ValueError, match="attention must be one of"):
+        TinyTransformer(11, 16, 16, 2, 2, attention="flash")
+    with pytest.raises(TypeError, match="attention must be a str"):
+        TinyTransformer(11, 16, 16, 2, 2, attention=1)
+    for kwargs in ({"kv_sharing": 2}, {"dropout": 0.1}, {"positional": "rope"}):
+        with pytest.raises(ValueError, match="attention='linear' needs"):
+            TinyTransformer(11, 16, 16, 2, 2, attention="linear", **kwargs)
+    from attnlib.models import VariantAttention
+    with pytest.raises(ValueError, match="kind must be one of"):
+        VariantAttention("softmax", 16, 16, 2)
+    with pytest.raises(ValueError, match="not divisible"):
+        VariantAttention("linear", 15, 16, 2)
+
+
+def test_softmax_attention_is_the_default_model():
+    torch.manual_seed(0)
+    a = TinyTransformer(11, 16, 16, 2, 2)
+    torch.manual_seed(0)
+    b = TinyTransformer(11, 16, 16, 2, 2, attention="softmax")
+    idx = tokens(2, 8)
+    torch.testing.assert_close(a(idx), b(idx), rtol=0, atol=0)
+    assert "attention" not in repr(a)
