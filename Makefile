@@ -49,7 +49,7 @@ unit: $(STAMP)
 MYPY_FILES := attnlib/__init__.py attnlib/_validation.py attnlib/_heads.py \
 	attnlib/attention.py attnlib/multihead.py attnlib/gqa.py attnlib/kv_cache.py \
 	attnlib/functional.py attnlib/positional.py attnlib/device.py attnlib/viz.py attnlib/bench \
-	attnlib/training.py attnlib/source.py attnlib/experiments attnlib/interop.py \
+	attnlib/training.py attnlib/source.py attnlib/experiments attnlib/interop.py attnlib/exercises/padding.py \
 	attnlib/exercises/_common.py attnlib/exercises/_attention_modules.py \
 	attnlib/exercises/basics.py attnlib/exercises/efficient.py attnlib/exercises/learning.py \
 	attnlib/exercises/llm.py attnlib/exercises/masks.py attnlib/exercises/modules.py \

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from ._validation import check_positive_int, type_name
 from .functional import causal_mask
 from .kv_cache import KVCache
+from .sinks import AttentionSinks, softmax_with_sinks
 
 
 
@@ -245,9 +246,17 @@ def _stacked_view(params: Sequence[torch.Tensor]) -> torch.Tensor | None:
 
 
 def _fused_qkv_projection(
-    x: torch.Tensor, W_query: nn.Linear, W_key: nn.Linear, W_value: nn.Linear
+    x: torch.Tensor,
+    W_query: nn.Linear,
+    W_key: nn.Linear,
+    W_value: nn.Linear,
+    context: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Queries, keys and values of ``x`` from ONE matrix multiplication.
+
+    With a ``context`` (cross-attention) the queries come from ``x`` and the
+    keys and values from ``context``: two products, ``W_query`` on ``x`` and
+    the stacked ``(2 * d_kv, d_in)`` key/value weight on ``context``.
 
     The three weights are stacked into one ``(d_q + 2 * d_kv, d_in)`` matrix
     (and the biases into one vector) and applied with a single
@@ -265,7 +274,17 @@ def _fused_qkv_projection(
         ``(..., num_tokens, d_kv)``, ``(..., num_tokens, d_kv)``; views into
         the one projected tensor.
     """
-    layers = (W_query, W_key, W_value)
+    if context is not None:  # cross-attention: queries from x, keys and values from context
+        keys, values = _stacked_projection(context, (W_key, W_value))
+        return W_query(x), keys, values
+    queries, keys, values = _stacked_projection(x, (W_query, W_key, W_value))
+    return queries, keys, values
+
+
+def _stacked_projection(
+    x: torch.Tensor, layers: tuple[nn.Linear, ...]
+) -> tuple[torch.Tensor, ...]:
+    """``tuple(layer(x) for layer in layers)`` from one GEMM (see :func:`_fused_qkv_projection`)."""
     needs_grad = torch.is_grad_enabled() and any(
         p.requires_grad for layer in layers for p in layer.parameters()
     )
@@ -273,17 +292,15 @@ def _fused_qkv_projection(
     weight = None if needs_grad else _stacked_view(weights)
     if weight is None:
         weight = torch.cat(weights, dim=0)
-    # weight: (d_q + 2 * d_kv, d_in)
+    # weight: (sum of out_features, d_in), e.g. (d_q + 2 * d_kv, d_in)
     bias = None
-    if W_query.bias is not None:
+    if layers[0].bias is not None:
         biases: list[torch.Tensor] = [layer.bias for layer in layers]
         bias = None if needs_grad else _stacked_view(biases)
         if bias is None:
-            bias = torch.cat(biases, dim=0)  # (d_q + 2 * d_kv,)
-    qkv = F.linear(x, weight, bias)  # (..., num_tokens, d_q + 2 * d_kv)
-    sizes = [W_query.out_features, W_key.out_features, W_value.out_features]
-    queries, keys, values = qkv.split(sizes, dim=-1)
-    return queries, keys, values
+            bias = torch.cat(biases, dim=0)  # (sum of out_features,)
+    projected = F.linear(x, weight, bias)  # (..., num_tokens, sum of out_features)
+    return projected.split([layer.out_features for layer in layers], dim=-1)
 
 
 def _num_cached(kv_cache: object, num_tokens: int, context_length: int) -> int:
@@ -317,8 +334,12 @@ def _sdpa_shared_kv(
     attn_mask: torch.Tensor | None,
     is_causal: bool,
     dropout_p: float,
+    sinks: AttentionSinks | None = None,
 ) -> torch.Tensor:
     """torch's fused attention with fewer key/value heads than query heads.
+
+    With ``sinks`` (an :class:`attnlib.AttentionSinks`), each head's sink
+    logit joins its softmax's denominator: see :func:`_sdpa_with_sinks`.
 
     ``queries``: ``(b, num_heads, N_q, head_dim)``; ``keys``, ``values``:
     ``(b, num_kv_groups, N_kv, head_dim)``, ``num_kv_groups`` dividing
@@ -327,6 +348,8 @@ def _sdpa_shared_kv(
     ``enable_gqa=True`` where torch has it (>= 2.5, no copies), else
     ``repeat_interleave``. Returns ``(b, num_heads, N_q, head_dim)``.
     """
+    if sinks is not None:
+        return _sdpa_with_sinks(queries, keys, values, attn_mask, is_causal, dropout_p, sinks)
     out = _sdpa_grouped(queries, keys, values, attn_mask, is_causal, dropout_p)
     if attn_mask is not None and attn_mask.ndim == 4:  # a key-padding mask: (b, 1, N_q, N_kv)
         # Rows with no key at all: zeros, as attnlib.scaled_dot_product_attention gives
@@ -357,4 +380,141 @@ def _sdpa_grouped(
     values = values.repeat_interleave(group_size, dim=1)  # (b, num_heads, N_kv, head_dim)
     return F.scaled_dot_product_attention(
         queries, keys, values, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
+    )
+
+
+def _sdpa_with_sinks(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+    sinks: AttentionSinks,
+) -> torch.Tensor:
+    """:func:`_sdpa_shared_kv` with a sink logit per head, still in torch's fused kernel.
+
+    The sink is one extra key whose score is the head's ``sink`` logit and
+    whose value is zero: a zero key (score ``q . 0 = 0``) plus an additive
+    float mask equal to ``sink`` in its column. So the kernel computes
+    ``exp(s) / (exp(sink) + sum exp(s))`` and the sink adds nothing to the
+    output, which is :func:`attnlib.sinks.sink_attention`; gradients reach
+    ``sinks`` through the float mask. A row whose keys are all masked gives
+    zeros (only the sink is left).
+    """
+    b, num_heads, num_tokens, head_dim = queries.shape
+    num_tokens_kv = keys.shape[-2]
+    if is_causal:  # from position 0: the top-left causal rows
+        attn_mask = torch.ones(
+            num_tokens, num_tokens_kv, dtype=torch.bool, device=queries.device
+        ).tril()
+    if attn_mask is None:
+        attn_mask = torch.ones(num_tokens, num_tokens_kv, dtype=torch.bool,
+                               device=queries.device)
+    # attn_mask: (N_q, N_kv) or (b, 1, N_q, N_kv), True = may attend
+    bias = torch.zeros(attn_mask.shape, dtype=queries.dtype, device=queries.device)
+    bias = bias.masked_fill(~attn_mask, float("-inf")).view(
+        -1, 1, num_tokens, num_tokens_kv
+    )  # (1 or b, 1, N_q, N_kv): 0 where a query may attend, -inf elsewhere
+    sink = sinks.sinks.to(queries.dtype)[None, :, None, None]  # (1, num_heads, 1, 1)
+    bias = torch.cat(
+        [bias.expand(-1, num_heads, -1, -1), sink.expand(bias.shape[0], -1, num_tokens, 1)],
+        dim=-1,
+    )  # (1 or b, num_heads, N_q, N_kv + 1): the sink is the last column
+    zero = keys.new_zeros(b, keys.shape[1], 1, head_dim)  # (b, num_kv_groups, 1, head_dim)
+    keys = torch.cat([keys, zero], dim=2)  # (b, num_kv_groups, N_kv + 1, head_dim)
+    values = torch.cat([values, zero.new_zeros(b, values.shape[1], 1, values.shape[-1])],
+                       dim=2)  # (b, num_kv_groups, N_kv + 1, head_dim_v)
+    return _sdpa_grouped(queries, keys, values, bias, False, dropout_p)
+
+
+def _sink_attention_weights(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    sinks: AttentionSinks,
+    attn_mask: torch.Tensor | None,
+    dropout_p: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The readable path's attention with sinks: ``(context_vec, attn_weights)``.
+
+    ``queries``, ``keys``, ``values``: ``(b, num_heads, N, head_dim)`` (keys
+    and values already repeated per query head); ``attn_mask`` True where a
+    query may attend. The weights are :func:`attnlib.sinks.softmax_with_sinks`
+    of the scaled, masked scores (rows sum to less than 1), then dropout as
+    in :func:`attnlib.scaled_dot_product_attention`.
+    """
+    attn_scores = queries @ keys.transpose(-2, -1) * queries.shape[-1] ** -0.5
+    # attn_scores: (b, num_heads, N_q, N_kv)
+    if attn_mask is not None:
+        attn_scores = attn_scores.masked_fill(~attn_mask, float("-inf"))
+    attn_weights = softmax_with_sinks(attn_scores, sinks.sinks)  # (b, num_heads, N_q, N_kv)
+    if dropout_p > 0.0:
+        attn_weights = F.dropout(attn_weights, dropout_p)
+    return attn_weights @ values, attn_weights  # (b, num_heads, N_q, head_dim_v), weights
+
+
+def _check_context(
+    module: nn.Module,
+    context: object,
+    x: torch.Tensor,
+    kv_cache: object,
+) -> torch.Tensor:
+    """The tensor keys and values come from: ``x``, or ``context`` (cross-attention), checked.
+
+    Raises:
+        TypeError: ``context`` is not a tensor of ``x``'s dtype.
+        ValueError: a causal module, or one with RoPE, is given a context; a
+            context with a KV cache; ``context`` is not ``(batch, num_tokens_kv,
+            d_in)`` with ``x``'s batch and at least one token, or on another device.
+    """
+    if context is None:
+        return x
+    if getattr(module, "causal", True):
+        raise ValueError(
+            "context was given to a causal module: in cross-attention every query may see "
+            "every key of the context, so a causal mask there is a mistake; build the "
+            "module with causal=False"
+        )
+    if getattr(module, "rope", None) is not None:
+        raise ValueError(
+            "context was given to a module with rope=True: the positions of queries and of "
+            "the context's keys belong to different sequences; build it with rope=False"
+        )
+    if kv_cache is not None:
+        raise ValueError(
+            "context and kv_cache together are not supported: the context's keys and values "
+            "are recomputed on each call (the queries need no cache)"
+        )
+    if not isinstance(context, torch.Tensor):
+        raise TypeError(f"context must be a torch.Tensor or None, got {type_name(context)}")
+    if context.dtype != x.dtype:
+        raise TypeError(f"context has dtype {context.dtype}, x has {x.dtype}")
+    d_in = x.shape[-1]  # checked against the module's d_in already
+    if context.ndim != 3 or context.shape[0] != x.shape[0] or context.shape[-1] != d_in:
+        raise ValueError(
+            f"context must be (batch, num_tokens_kv, d_in) = ({x.shape[0]}, num_tokens_kv, "
+            f"{d_in}), got shape {tuple(context.shape)}"
+        )
+    if context.shape[1] == 0:
+        raise ValueError("context has no tokens (num_tokens_kv = 0)")
+    if context.device != x.device:
+        raise ValueError(f"context is on {context.device}, x on {x.device}")
+    return context
+
+
+def _uses_general_forward(
+    module: nn.Module, kv_cache: object, key_padding_mask: object, context: object
+) -> bool:
+    """Whether :class:`attnlib.MultiHeadAttention` hands a call to
+    :meth:`attnlib.GroupedQueryAttention.forward`: a cache, padding, a context,
+    or an option chapter 6's ``forward`` does not show (``causal=False``,
+    QK-norm, sinks; the caller also checks for a missing mask buffer)."""
+    return (
+        kv_cache is not None
+        or key_padding_mask is not None
+        or context is not None
+        or not getattr(module, "causal", True)
+        or getattr(module, "qk_norm", None) is not None
+        or getattr(module, "sinks", None) is not None
     )

@@ -24,6 +24,7 @@ import torch.nn as nn
 from . import functional as attn_functional
 from ._heads import (
     _allowed_keys,
+    _check_context,
     _check_key_padding_mask,
     _fused_qkv_projection,
     _head_dim,
@@ -32,6 +33,7 @@ from ._heads import (
     _register_causal_mask,
     _register_no_mask,
     _sdpa_shared_kv,
+    _sink_attention_weights,
 )
 from ._validation import check_bool as _check_bool
 from ._validation import check_dropout as _check_dropout
@@ -39,6 +41,7 @@ from ._validation import check_input as _check_input
 from ._validation import check_positive_int as _check_positive_int
 from .kv_cache import KVCache
 from .positional import RotaryPositionalEmbedding
+from .sinks import AttentionSinks, QKNorm
 
 __all__ = ["GroupedQueryAttention"]
 
@@ -95,7 +98,19 @@ class GroupedQueryAttention(nn.Module):
             (num_cached + num_tokens)`` bools, for that call only. The buffer
             is ``context_length**2`` bytes per layer: 64 MiB at 8 192 tokens,
             1 GiB at 32 768 (``tests/test_gqa.py`` counts them); the outputs are
-            the same either way.
+            the same either way. With ``causal=False`` no buffer is registered.
+        qk_norm: keyword-only; RMS-normalise each query and key head (a
+            learned gain per feature, :class:`attnlib.QKNorm`) after the
+            projection and before RoPE, as Qwen3, OLMo 2 and Gemma 3 do.
+            Default False (no parameters added).
+        sinks: keyword-only; give each query head a learned sink logit that
+            joins its softmax's denominator (:class:`attnlib.AttentionSinks`,
+            initialised to 0), so a head may attend to "nothing", as gpt-oss
+            does. Default False (no parameters added).
+        causal: keyword-only; mask future keys. Default True. False gives
+            bidirectional attention (an encoder), and is required for
+            cross-attention (``forward(x, context=...)``), where a causal
+            mask would be a mistake.
 
     Attributes:
         W_query: ``nn.Linear(d_in, num_heads * head_dim, bias=qkv_bias)``.
@@ -107,7 +122,12 @@ class GroupedQueryAttention(nn.Module):
         head_dim: features per head; group_size: ``num_heads // num_kv_groups``.
         rope: the :class:`attnlib.RotaryPositionalEmbedding`, or None.
         mask: bool buffer ``(context_length, context_length)``, True = may
-            attend; None with ``mask_buffer=False``.
+            attend; None with ``mask_buffer=False`` or ``causal=False``.
+        qk_norm: the :class:`attnlib.QKNorm` (``state_dict`` keys
+            ``qk_norm.q_norm.weight``, ``qk_norm.k_norm.weight``), or None.
+        sinks: the :class:`attnlib.AttentionSinks` (``sinks.sinks``,
+            ``(num_heads,)``), or None.
+        causal: bool.
 
     Warning:
         Dropout acts in training mode, which is a module's default: call
@@ -150,6 +170,9 @@ class GroupedQueryAttention(nn.Module):
         rope_base: float = 10000.0,
         head_dim: int | None = None,
         mask_buffer: bool = True,
+        qk_norm: bool = False,
+        sinks: bool = False,
+        causal: bool = True,
     ) -> None:
         _check_positive_int("d_in", d_in)
         _check_positive_int("d_out", d_out)
@@ -161,6 +184,8 @@ class GroupedQueryAttention(nn.Module):
         _check_bool("out_bias", out_bias)
         _check_bool("rope", rope)
         _check_bool("mask_buffer", mask_buffer)
+        for name, flag in (("qk_norm", qk_norm), ("sinks", sinks), ("causal", causal)):
+            _check_bool(name, flag)
         head_dim = _head_dim(d_out, num_heads, head_dim)
         if num_heads % num_kv_groups != 0:
             raise ValueError(
@@ -187,8 +212,12 @@ class GroupedQueryAttention(nn.Module):
             if rope
             else None
         )
+        # Created after out_proj, so that without them the parameters are the same.
+        self.qk_norm = QKNorm(self.head_dim) if qk_norm else None
+        self.sinks = AttentionSinks(self.num_heads) if sinks else None
+        self.causal = bool(causal)
         _pack_qkv(self.W_query, self.W_key, self.W_value)  # side by side, for the fast path
-        if mask_buffer:
+        if mask_buffer and causal:
             _register_causal_mask(self, self.context_length)
         else:  # no (context_length, context_length) buffer: masks are built per call
             _register_no_mask(self)
@@ -207,19 +236,22 @@ class GroupedQueryAttention(nn.Module):
         x: torch.Tensor,
         return_weights: Literal[False] = ...,
         *,
+        context: torch.Tensor | None = ...,
         kv_cache: KVCache | None = ...,
         key_padding_mask: torch.Tensor | None = ...,
     ) -> torch.Tensor: ...
 
     @overload
     def forward(
-        self, x: torch.Tensor, return_weights: Literal[True], *, kv_cache: KVCache | None = ...,
+        self, x: torch.Tensor, return_weights: Literal[True], *,
+        context: torch.Tensor | None = ..., kv_cache: KVCache | None = ...,
         key_padding_mask: torch.Tensor | None = ...,
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     @overload
     def forward(
-        self, x: torch.Tensor, return_weights: bool, *, kv_cache: KVCache | None = ...,
+        self, x: torch.Tensor, return_weights: bool, *,
+        context: torch.Tensor | None = ..., kv_cache: KVCache | None = ...,
         key_padding_mask: torch.Tensor | None = ...,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -228,10 +260,11 @@ class GroupedQueryAttention(nn.Module):
         x: torch.Tensor,
         return_weights: bool = False,
         *,
+        context: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
         key_padding_mask: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Causal grouped-query self-attention of ``x``.
+        """Grouped-query attention of ``x`` (causal self-attention unless built otherwise).
 
         Args:
             x: input embeddings, ``(batch, num_tokens, d_in)``, with
@@ -239,6 +272,12 @@ class GroupedQueryAttention(nn.Module):
                 new tokens.
             return_weights: take the readable path and also return the
                 per-query-head attention weights. Default ``False``.
+            context: keyword-only; cross-attention: ``(batch, num_tokens_kv,
+                d_in)``, any ``num_tokens_kv``; the queries come from ``x``,
+                the keys and values from ``context`` (an encoder's output, an
+                image's patches), and no causal mask applies. Only for a module
+                built with ``causal=False`` and ``rope=False``, and without
+                ``kv_cache``. Default None (self-attention).
             kv_cache: keyword-only; an :class:`attnlib.KVCache` holding the keys
                 and values of the tokens before ``x`` (empty at the start of a
                 sequence); it stores ``num_kv_groups`` key/value heads (rotated
@@ -260,13 +299,16 @@ class GroupedQueryAttention(nn.Module):
                 :func:`attnlib.scaled_dot_product_attention` does for
                 all-masked rows (torch's module returns NaN there). The
                 outputs at padded *query* positions are computed but
-                meaningless: ignore them (or mask the loss). Default None.
+                meaningless: ignore them (or mask the loss). With a
+                ``context``, ``(batch, num_tokens_kv)``: the context's keys.
+                Default None.
 
         Returns:
             ``context_vec``: ``(batch, num_tokens, d_out)``. With
             ``return_weights=True``, the pair ``(context_vec, attn_weights)``,
             ``attn_weights`` being ``(batch, num_heads, num_tokens,
-            num_cached + num_tokens)``, after dropout.
+            num_cached + num_tokens)`` (``num_tokens_kv`` with a context),
+            after dropout; with sinks each row sums to less than 1.
 
         Raises:
             TypeError: ``x`` is not a floating-point tensor or its dtype differs
@@ -278,29 +320,34 @@ class GroupedQueryAttention(nn.Module):
                 another batch size or layout, or ``x`` is on another device;
                 ``key_padding_mask`` is not a bool tensor ``(batch,
                 num_cached + num_tokens)`` on ``x``'s device (TypeError for
-                the dtype).
+                the dtype); ``context`` is given to a causal module or one
+                with RoPE, with a cache, or is not ``(batch, num_tokens_kv,
+                d_in)`` (TypeError: not a tensor of ``x``'s dtype).
         """
         _check_input(x, self.d_in, (3,), self.context_length, like=self.W_query.weight)
         _check_bool("return_weights", return_weights)
         b, num_tokens, _ = x.shape
         num_heads, num_kv_groups, head_dim = self.num_heads, self.num_kv_groups, self.head_dim
         num_cached = _num_cached(kv_cache, num_tokens, self.context_length)
-        _check_key_padding_mask(key_padding_mask, b, num_cached + num_tokens, x.device)
+        source = _check_context(self, context, x, kv_cache)  # keys and values come from it
+        _check_key_padding_mask(key_padding_mask, b, num_cached + source.shape[1], x.device)
         if kv_cache is not None:
             kv_cache.check_next(b, num_kv_groups, head_dim, head_dim, x.dtype, x.device)
 
         if return_weights:  # readable: one projection per matrix
-            queries, keys, values = self.W_query(x), self.W_key(x), self.W_value(x)
+            queries, keys, values = self.W_query(x), self.W_key(source), self.W_value(source)
         else:  # fast: one GEMM with the stacked (d_out + 2 * kv_dim, d_in) weight
             queries, keys, values = _fused_qkv_projection(
-                x, self.W_query, self.W_key, self.W_value
-            )  # (b, num_tokens, d_out), (b, num_tokens, kv_dim), (b, num_tokens, kv_dim)
+                x, self.W_query, self.W_key, self.W_value, context
+            )  # (b, num_tokens, d_out), (b, num_tokens_kv, kv_dim), (b, num_tokens_kv, kv_dim)
         queries = queries.view(b, num_tokens, num_heads, head_dim).transpose(1, 2)
         # queries: (b, num_heads, num_tokens, head_dim)
-        keys = keys.view(b, num_tokens, num_kv_groups, head_dim).transpose(1, 2)
-        # keys: (b, num_kv_groups, num_tokens, head_dim)
-        values = values.view(b, num_tokens, num_kv_groups, head_dim).transpose(1, 2)
-        # values: (b, num_kv_groups, num_tokens, head_dim)
+        keys = keys.view(b, -1, num_kv_groups, head_dim).transpose(1, 2)
+        # keys: (b, num_kv_groups, num_tokens_kv, head_dim), num_tokens_kv = source.shape[1]
+        values = values.view(b, -1, num_kv_groups, head_dim).transpose(1, 2)
+        # values: (b, num_kv_groups, num_tokens_kv, head_dim)
+        if self.qk_norm is not None:  # RMSNorm of each head, before RoPE (Qwen3)
+            queries, keys = self.qk_norm(queries, keys)
         if self.rope is not None:  # rotate by position num_cached + t (values are not rotated)
             queries = self.rope(queries, offset=num_cached)
             keys = self.rope(keys, offset=num_cached)
@@ -312,7 +359,7 @@ class GroupedQueryAttention(nn.Module):
         # New queries are the last positions: bottom-right rows of the causal mask
         # (True = may attend), or None where is_causal=True applies the same mask.
         allowed, is_causal = _allowed_keys(
-            self, num_cached, keys.shape[-2], not return_weights, key_padding_mask
+            self, num_cached, keys.shape[-2], not return_weights, key_padding_mask, self.causal
         )
         if return_weights:
             # Give every query head its own copy of its group's key and value head.
@@ -320,13 +367,19 @@ class GroupedQueryAttention(nn.Module):
             # keys: (b, num_heads, num_tokens_kv, head_dim)
             values = values.repeat_interleave(self.group_size, dim=1)
             # values: (b, num_heads, num_tokens_kv, head_dim)
-            context_vec, attn_weights = attn_functional.scaled_dot_product_attention(
-                queries, keys, values, attn_mask=allowed, dropout_p=dropout_p, return_weights=True
-            )  # (b, num_heads, num_tokens, head_dim), (b, num_heads, num_tokens, N_kv)
+            if self.sinks is None:
+                context_vec, attn_weights = attn_functional.scaled_dot_product_attention(
+                    queries, keys, values, attn_mask=allowed, dropout_p=dropout_p,
+                    return_weights=True,
+                )  # (b, num_heads, num_tokens, head_dim), (b, num_heads, num_tokens, N_kv)
+            else:  # gpt-oss: each head's sink logit joins its softmax's denominator
+                context_vec, attn_weights = _sink_attention_weights(
+                    queries, keys, values, self.sinks, allowed, dropout_p
+                )
         else:  # torch shares the key/value heads itself (enable_gqa)
             context_vec = _sdpa_shared_kv(
                 queries, keys, values, attn_mask=allowed, is_causal=is_causal,
-                dropout_p=dropout_p,
+                dropout_p=dropout_p, sinks=self.sinks,
             )  # (b, num_heads, num_tokens, head_dim)
         context_vec = context_vec.transpose(1, 2).reshape(b, num_tokens, num_heads * head_dim)
         # context_vec: (b, num_tokens, num_heads * head_dim), d_out unless head_dim was given
@@ -339,5 +392,18 @@ class GroupedQueryAttention(nn.Module):
         return (
             f"d_in={self.d_in}, d_out={self.d_out}, context_length={self.context_length}, "
             f"num_heads={self.num_heads}, num_kv_groups={self.num_kv_groups}, "
-            f"dropout_p={self.dropout_p}"
+            f"dropout_p={self.dropout_p}{_options(self)}"
         )
+
+
+def _options(module: GroupedQueryAttention) -> str:
+    """The non-default options, for ``extra_repr``."""
+    return "".join(
+        f", {name}={value}"
+        for name, value, default in (
+            ("causal", module.causal, True),
+            ("qk_norm", module.qk_norm is not None, False),
+            ("sinks", module.sinks is not None, False),
+        )
+        if value != default
+    )

@@ -5,9 +5,13 @@ imports ``transformers`` (it reads the module's attributes, so attnlib does
 not depend on it; the tests build tiny random models with it):
 
 * :func:`gqa_from_llama_attention` / :func:`gqa_to_llama_attention`: the
-  attention of Llama, Mistral and Qwen2 (``LlamaAttention``,
-  ``MistralAttention``, ``Qwen2Attention``) and an
+  attention of Llama, Mistral, Qwen2 and Qwen3 (``LlamaAttention``,
+  ``MistralAttention``, ``Qwen2Attention``, ``Qwen3Attention``, whose
+  ``q_norm``/``k_norm`` become ``qk_norm=True``) and an
   :class:`attnlib.GroupedQueryAttention` with RoPE;
+* :func:`gqa_from_gpt_oss_attention` / :func:`gqa_to_gpt_oss_attention`:
+  gpt-oss's ``GptOssAttention``, whose per-head ``sinks`` become
+  ``sinks=True``;
 * :func:`mha_from_gpt2_attention` / :func:`mha_to_gpt2_attention`: GPT-2's
   ``GPT2Attention`` and an :class:`attnlib.MultiHeadAttention`.
 
@@ -34,6 +38,18 @@ head (even components first, then odd ones) before they reach
 permuted, and loading Meta's files directly needs that permutation first
 (chapter 9 shows it).
 
+*QK-norm (Qwen3).* ``q_norm`` and ``k_norm`` are RMSNorms over ``head_dim``
+(weight ``(head_dim,)``, ``weight * x / rms(x)``), applied per head before
+RoPE: copied into ``qk_norm.q_norm`` and ``qk_norm.k_norm`` with their
+epsilon. Gemma 3's norms (``(1 + weight) * x / rms(x)``) and OLMo 2's (over
+all heads at once) are other functions, and are refused.
+
+*gpt-oss.* The Llama layout with biases everywhere, plus ``sinks``
+``(num_heads,)``, one logit per query head, copied into ``sinks.sinks``.
+Its layers alternate a 128-token sliding window with full attention; only a
+full-attention layer, or a window no shorter than ``context_length``, is
+converted.
+
 *GPT-2.* ``c_attn`` and ``c_proj`` are ``Conv1D`` layers, whose weight is
 ``(in_features, out_features)``: the transpose of ``nn.Linear``'s.
 ``c_attn.weight`` is ``(d, 3 d)``, columns ``[W_q | W_k | W_v]``, and
@@ -42,7 +58,8 @@ permuted, and loading Meta's files directly needs that permutation first
 c_proj.weight.T``.
 
 Source: the parameter layouts of ``transformers``' ``modeling_llama.py``,
-``modeling_mistral.py``, ``modeling_qwen2.py`` and ``modeling_gpt2.py``, and
+``modeling_mistral.py``, ``modeling_qwen2.py``, ``modeling_qwen3.py``,
+``modeling_gpt_oss.py`` and ``modeling_gpt2.py``, and
 ``convert_llama_weights_to_hf.py`` (its ``permute``); Touvron et al. (2023),
 "LLaMA"; Radford et al. (2019), GPT-2.
 """
@@ -58,10 +75,13 @@ from ._validation import check_positive_int, type_name
 from .gqa import GroupedQueryAttention
 from .multihead import MultiHeadAttention
 from .positional import RotaryPositionalEmbedding
+from .sinks import QKNorm
 
 __all__ = [
     "gqa_from_llama_attention",
     "gqa_to_llama_attention",
+    "gqa_from_gpt_oss_attention",
+    "gqa_to_gpt_oss_attention",
     "mha_from_gpt2_attention",
     "mha_to_gpt2_attention",
 ]
@@ -77,21 +97,75 @@ def _config(hf_attn: object) -> Any:
     return config
 
 
-def _check_llama_like(hf_attn: object) -> None:
+def _check_llama_like(hf_attn: object, sinks: bool = False) -> bool:
+    """Check the Llama layout (with ``sinks``: gpt-oss's); returns whether it has QK-norm.
+
+    Raises:
+        TypeError: not the layout (or, ``sinks=True``, no ``sinks`` parameter).
+        NotImplementedError: ``sinks=False`` and the module has sinks; q_norm
+            and k_norm that are not per-head RMSNorms ``weight * x / rms(x)``;
+            a score scale other than ``1/sqrt(head_dim)``.
+    """
+    family = ("gpt-oss attention module (GptOssAttention)" if sinks else
+              "Llama-family attention module (LlamaAttention, MistralAttention, "
+              "Qwen2Attention, Qwen3Attention)")
     if not isinstance(hf_attn, nn.Module) or not all(
         isinstance(getattr(hf_attn, n, None), nn.Linear) for n in _LLAMA_PROJECTIONS
     ):
-        raise TypeError(
-            "hf_attn must be a Llama-family attention module (LlamaAttention, "
-            f"MistralAttention, Qwen2Attention) with nn.Linear q_proj, k_proj, v_proj, "
-            f"o_proj; got {type_name(hf_attn)}"
-        )
-    if getattr(hf_attn, "q_norm", None) is not None or getattr(hf_attn, "k_norm", None) is not None:
+        raise TypeError(f"hf_attn must be a {family} with nn.Linear q_proj, k_proj, v_proj, "
+                        f"o_proj; got {type_name(hf_attn)}")
+    has_sinks = isinstance(getattr(hf_attn, "sinks", None), torch.Tensor)
+    if sinks and not has_sinks:
+        raise TypeError(f"hf_attn must be a {family} with a sinks parameter; "
+                        f"got {type_name(hf_attn)} without one")
+    if has_sinks and not sinks:
         raise NotImplementedError(
-            f"{type(hf_attn).__name__} normalises queries and keys per head (q_norm, k_norm: "
-            "Qwen3, Gemma 3, OLMo 2); attnlib.GroupedQueryAttention has no QK-norm, so this "
-            "layer cannot be expressed (its shapes can: see the head_dim keyword)"
+            f"{type_name(hf_attn)} has attention sinks (gpt-oss): use "
+            "attnlib.interop.gqa_from_gpt_oss_attention"
         )
+    head_dim = _head_dim_of(hf_attn)
+    scaling = getattr(hf_attn, "scaling", None)
+    if scaling is not None and abs(float(scaling) * head_dim**0.5 - 1.0) > 1e-6:
+        raise NotImplementedError(
+            f"{type_name(hf_attn)} scales scores by {scaling}, not 1/sqrt(head_dim="
+            f"{head_dim}); attnlib always scales by 1/sqrt(head_dim)"
+        )
+    norms = [getattr(hf_attn, n, None) for n in ("q_norm", "k_norm")]
+    if all(n is None for n in norms):
+        return False
+    for name, norm in zip(("q_norm", "k_norm"), norms, strict=True):
+        if not _is_head_rms_norm(norm, head_dim):
+            raise NotImplementedError(
+                f"{type_name(hf_attn)}.{name} is not an RMSNorm over each head "
+                f"(weight ({head_dim},), weight * x / rms(x), as Qwen3's): Gemma 3's "
+                "(1 + weight) and OLMo 2's norm over all heads are not attnlib's QK-norm"
+            )
+    return True
+
+
+def _head_dim_of(hf_attn: Any) -> int:
+    return int(getattr(hf_attn, "head_dim", 0) or _config(hf_attn).head_dim)
+
+
+def _norm_eps(norm: Any) -> float:
+    eps = getattr(norm, "variance_epsilon", None)
+    return float(getattr(norm, "eps", 1e-6) if eps is None else eps)
+
+
+def _is_head_rms_norm(norm: object, head_dim: int) -> bool:
+    """Whether ``norm`` computes ``weight * x / sqrt(mean(x**2) + eps)`` over ``head_dim``."""
+    weight = getattr(norm, "weight", None)
+    if not isinstance(norm, nn.Module) or not isinstance(weight, torch.Tensor) or (
+        tuple(weight.shape) != (head_dim,)
+    ):
+        return False
+    generator = torch.Generator().manual_seed(0)
+    probe = torch.randn(3, head_dim, generator=generator).to(weight)  # (3, head_dim)
+    with torch.no_grad():
+        expected = weight * probe * torch.rsqrt(probe.pow(2).mean(-1, keepdim=True)
+                                                + _norm_eps(norm))
+        got = norm(probe)
+    return bool(torch.allclose(got, expected, rtol=1e-4, atol=1e-5))
 
 
 def _rope_parameters(config: Any) -> dict[str, Any]:
@@ -109,9 +183,10 @@ def _rope_parameters(config: Any) -> dict[str, Any]:
 def gqa_from_llama_attention(hf_attn: Any, context_length: int) -> GroupedQueryAttention:
     """Build an :class:`attnlib.GroupedQueryAttention` equal to a Llama-family attention.
 
-    Works for ``LlamaAttention``, ``MistralAttention`` and ``Qwen2Attention``
-    (and any module with their ``q_proj``/``k_proj``/``v_proj``/``o_proj``
-    layout and a ``config``); the weights are copied (no memory shared), see
+    Works for ``LlamaAttention``, ``MistralAttention``, ``Qwen2Attention`` and
+    ``Qwen3Attention`` (and any module with their ``q_proj``/``k_proj``/``v_proj``/``o_proj``
+    layout and a ``config``; Qwen3's ``q_norm``/``k_norm`` give
+    ``qk_norm=True`` with their weights and epsilon); the weights are copied (no memory shared), see
     the module docstring for the layout. The result has ``rope=True`` with the
     config's ``rope_theta`` and ``rope_type`` (``"default"``, ``"linear"``,
     ``"dynamic"`` is refused, ``"yarn"``, ``"llama3"``: the scaling options of
@@ -134,28 +209,66 @@ def gqa_from_llama_attention(hf_attn: Any, context_length: int) -> GroupedQueryA
 
     Raises:
         TypeError: ``hf_attn`` lacks the Llama layout or a config.
-        NotImplementedError: the layer has QK-norm (``q_norm``/``k_norm``:
-            Qwen3), a sliding window shorter than ``context_length``
+        NotImplementedError: the layer has a QK-norm other than Qwen3's
+            (Gemma 3, OLMo 2), attention sinks (use
+            :func:`gqa_from_gpt_oss_attention`), a score scale other than
+            ``1/sqrt(head_dim)``, a sliding window shorter than ``context_length``
             (Mistral's ``sliding_window``; Qwen2's ``use_sliding_window``), or
             a ``rope_type`` attnlib does not implement.
         ValueError: ``context_length`` is not positive.
 
-    Source: ``transformers``' ``LlamaAttention`` (see the module docstring).
+    Source: ``transformers``' ``LlamaAttention`` and ``Qwen3Attention`` (see
+    the module docstring).
     """
-    _check_llama_like(hf_attn)
+    return _from_llama_layout(hf_attn, context_length, sinks=False)
+
+
+def gqa_from_gpt_oss_attention(hf_attn: Any, context_length: int) -> GroupedQueryAttention:
+    """Build an :class:`attnlib.GroupedQueryAttention` equal to gpt-oss's attention.
+
+    ``GptOssAttention`` is the Llama layout (with biases) plus one learned sink
+    logit per query head: the result is built as by
+    :func:`gqa_from_llama_attention`, with ``sinks=True`` and ``sinks.sinks``
+    copied from ``hf_attn.sinks``; RoPE from the config (gpt-oss uses YaRN,
+    ``truncate=False``). Called on the same hidden states the two agree to
+    rounding, with and without a KV cache (``tests/test_interop.py``).
+
+    Args:
+        hf_attn: a ``GptOssAttention`` (``model.model.layers[i].self_attn``).
+        context_length: the most positions the new module accepts.
+
+    Returns:
+        ``GroupedQueryAttention(..., rope=True, head_dim=head_dim, sinks=True)``.
+
+    Raises:
+        TypeError: ``hf_attn`` lacks the layout, the ``sinks`` or a config.
+        NotImplementedError: a sliding-window layer whose window (128 in
+            gpt-oss) is shorter than ``context_length``; a ``rope_type``
+            attnlib does not implement.
+        ValueError: ``context_length`` is not positive.
+
+    Source: ``transformers``' ``GptOssAttention``; OpenAI (2025), "gpt-oss-120b
+    & gpt-oss-20b Model Card", section 2.1.
+    """
+    return _from_llama_layout(hf_attn, context_length, sinks=True)
+
+
+def _from_llama_layout(hf_attn: Any, context_length: int, *, sinks: bool) -> GroupedQueryAttention:
+    qk_norm = _check_llama_like(hf_attn, sinks)
     check_positive_int("context_length", context_length)
     config = _config(hf_attn)
-    window = getattr(hf_attn, "sliding_window", None)
-    if window is None and getattr(config, "use_sliding_window", True):
+    if hasattr(hf_attn, "sliding_window"):  # the layer's own (None: a full-attention layer)
+        window = hf_attn.sliding_window
+    else:  # Mistral: the config's
         window = getattr(config, "sliding_window", None)
     if window is not None and window < context_length:
         raise NotImplementedError(
-            f"{type(hf_attn).__name__} attends within a sliding window of {window} tokens, "
+            f"{type_name(hf_attn)} attends within a sliding window of {window} tokens, "
             f"shorter than context_length={context_length}; GroupedQueryAttention has no "
             "window: use context_length <= the window"
         )
     q_proj, k_proj, v_proj, o_proj = (getattr(hf_attn, n) for n in _LLAMA_PROJECTIONS)
-    head_dim = int(getattr(hf_attn, "head_dim", 0) or config.head_dim)
+    head_dim = _head_dim_of(hf_attn)
     num_heads = q_proj.out_features // head_dim
     num_kv = k_proj.out_features // head_dim
     hidden = q_proj.in_features
@@ -166,8 +279,10 @@ def gqa_from_llama_attention(hf_attn: Any, context_length: int) -> GroupedQueryA
         hidden, o_proj.out_features, context_length,
         float(getattr(config, "attention_dropout", 0.0)), num_heads, num_kv, qkv_bias,
         out_bias=o_proj.bias is not None, rope=True,
-        rope_base=float(params["rope_theta"]), head_dim=head_dim,
+        rope_base=float(params["rope_theta"]), head_dim=head_dim, qk_norm=qk_norm, sinks=sinks,
     )
+    if new.qk_norm is not None:  # the epsilon of HF's norms
+        new.qk_norm = QKNorm(head_dim, eps=_norm_eps(hf_attn.q_norm))
     if rope_type != "default":
         new.rope = RotaryPositionalEmbedding(
             head_dim, context_length, float(params["rope_theta"]), scaling=params
@@ -182,6 +297,11 @@ def gqa_from_llama_attention(hf_attn: Any, context_length: int) -> GroupedQueryA
             mine.weight.copy_(theirs.weight)  # both (out_features, in_features)
             if theirs.bias is not None:
                 mine.bias.copy_(theirs.bias)
+        if new.qk_norm is not None:
+            new.qk_norm.q_norm.weight.copy_(hf_attn.q_norm.weight)  # (head_dim,)
+            new.qk_norm.k_norm.weight.copy_(hf_attn.k_norm.weight)  # (head_dim,)
+        if new.sinks is not None:
+            new.sinks.sinks.copy_(hf_attn.sinks)  # (num_heads,)
     new.train(hf_attn.training)
     return new
 
@@ -190,8 +310,10 @@ def gqa_to_llama_attention(module: GroupedQueryAttention, hf_attn: Any) -> Any:
     """Copy an :class:`attnlib.GroupedQueryAttention`'s weights into a Llama-family attention.
 
     The reverse of :func:`gqa_from_llama_attention`, into an existing
-    ``LlamaAttention``/``MistralAttention``/``Qwen2Attention`` (build it from
-    a config with the same sizes; its biases decide which biases must exist).
+    ``LlamaAttention``/``MistralAttention``/``Qwen2Attention``/``Qwen3Attention``
+    (build it from a config with the same sizes; its biases decide which
+    biases must exist, and its ``q_norm``/``k_norm`` whether ``module`` must
+    have ``qk_norm``).
     RoPE is the model's, not the layer's: give the model a config with the
     same ``rope_theta`` and scaling.
 
@@ -205,19 +327,51 @@ def gqa_to_llama_attention(module: GroupedQueryAttention, hf_attn: Any) -> Any:
     Raises:
         TypeError: ``module`` is not a GroupedQueryAttention, or ``hf_attn``
             lacks the Llama layout.
-        ValueError: a weight's shape differs, or one module has a bias where
-            the other has none.
-        NotImplementedError: ``hf_attn`` has QK-norm.
+        ValueError: a weight's shape differs, or one module has a bias (or
+            QK-norm) where the other has none.
+        NotImplementedError: ``hf_attn`` has a QK-norm other than Qwen3's,
+            or sinks.
     """
+    return _to_llama_layout(module, hf_attn, sinks=False)
+
+
+def gqa_to_gpt_oss_attention(module: GroupedQueryAttention, hf_attn: Any) -> Any:
+    """Copy an :class:`attnlib.GroupedQueryAttention` built with ``sinks=True`` into gpt-oss's
+    attention: the reverse of :func:`gqa_from_gpt_oss_attention`, in place.
+
+    Returns:
+        ``hf_attn``.
+
+    Raises:
+        TypeError: ``module`` is not a GroupedQueryAttention, or ``hf_attn``
+            is not a ``GptOssAttention``.
+        ValueError: a weight's shape differs, a bias is missing on one side,
+            or ``module`` has no sinks.
+    """
+    return _to_llama_layout(module, hf_attn, sinks=True)
+
+
+def _to_llama_layout(module: GroupedQueryAttention, hf_attn: Any, *, sinks: bool) -> Any:
     if not isinstance(module, GroupedQueryAttention):
         raise TypeError(f"module must be an attnlib.GroupedQueryAttention, got "
                         f"{type_name(module)}")
-    _check_llama_like(hf_attn)
+    qk_norm = _check_llama_like(hf_attn, sinks)
+    for name, theirs, mine in (("QK-norm (q_norm, k_norm)", qk_norm, module.qk_norm),
+                               ("sinks", sinks, module.sinks)):
+        if theirs != (mine is not None):
+            raise ValueError(f"{type_name(hf_attn)} has {'' if theirs else 'no '}{name} "
+                             f"but the attnlib module has {'none' if mine is None else 'it'}")
     _copy_linears(
         (module.W_query, module.W_key, module.W_value, module.out_proj),
         tuple(getattr(hf_attn, n) for n in _LLAMA_PROJECTIONS),
         _LLAMA_PROJECTIONS,
     )
+    with torch.no_grad():
+        if module.qk_norm is not None:
+            hf_attn.q_norm.weight.copy_(module.qk_norm.q_norm.weight)
+            hf_attn.k_norm.weight.copy_(module.qk_norm.k_norm.weight)
+        if module.sinks is not None:
+            hf_attn.sinks.copy_(module.sinks.sinks)
     return hf_attn
 
 

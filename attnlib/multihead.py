@@ -32,14 +32,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import functional as attn_functional
-from ._heads import _fused_qkv_projection
+from ._heads import _fused_qkv_projection, _uses_general_forward
 from ._validation import check_bool as _check_bool
 from ._validation import check_dropout as _check_dropout
 from ._validation import check_input as _check_input
 from ._validation import check_positive_int as _check_positive_int
 from ._validation import type_name
 from .attention import CausalAttention
-from .gqa import GroupedQueryAttention
+from .gqa import GroupedQueryAttention, _options
 from .kv_cache import KVCache
 
 __all__ = [
@@ -229,6 +229,14 @@ class MultiHeadAttention(GroupedQueryAttention):
             every call goes through :meth:`attnlib.GroupedQueryAttention.forward`,
             which builds the mask rows a call needs (or lets ``is_causal=True``
             apply them); the outputs are the same.
+        qk_norm, sinks: keyword-only; QK-norm (Qwen3) and learned attention
+            sinks (gpt-oss), as in :class:`attnlib.GroupedQueryAttention`.
+            Default False.
+        causal: keyword-only; default True. False: bidirectional
+            self-attention, and cross-attention with ``forward(x,
+            context=...)`` (queries from ``x``, keys and values from
+            ``context``), which equals ``nn.MultiheadAttention(x, context,
+            context)``. A causal module refuses a context.
 
     Attributes:
         W_query, W_key, W_value: ``nn.Linear(d_in, d_out, bias=qkv_bias)``
@@ -296,6 +304,9 @@ class MultiHeadAttention(GroupedQueryAttention):
         out_bias: bool = True,
         head_dim: int | None = None,
         mask_buffer: bool = True,
+        qk_norm: bool = False,
+        sinks: bool = False,
+        causal: bool = True,
     ) -> None:
         # Grouped-query attention with one key/value head per query head: the
         # checks (with these arguments, the same errors), the four projections
@@ -303,6 +314,7 @@ class MultiHeadAttention(GroupedQueryAttention):
         super().__init__(
             d_in, d_out, context_length, dropout, num_heads, num_kv_groups=num_heads,
             qkv_bias=qkv_bias, out_bias=out_bias, head_dim=head_dim, mask_buffer=mask_buffer,
+            qk_norm=qk_norm, sinks=sinks, causal=causal,
         )
 
     @overload
@@ -311,19 +323,22 @@ class MultiHeadAttention(GroupedQueryAttention):
         x: torch.Tensor,
         return_weights: Literal[False] = ...,
         *,
+        context: torch.Tensor | None = ...,
         kv_cache: KVCache | None = ...,
         key_padding_mask: torch.Tensor | None = ...,
     ) -> torch.Tensor: ...
 
     @overload
     def forward(
-        self, x: torch.Tensor, return_weights: Literal[True], *, kv_cache: KVCache | None = ...,
+        self, x: torch.Tensor, return_weights: Literal[True], *,
+        context: torch.Tensor | None = ..., kv_cache: KVCache | None = ...,
         key_padding_mask: torch.Tensor | None = ...,
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     @overload
     def forward(
-        self, x: torch.Tensor, return_weights: bool, *, kv_cache: KVCache | None = ...,
+        self, x: torch.Tensor, return_weights: bool, *,
+        context: torch.Tensor | None = ..., kv_cache: KVCache | None = ...,
         key_padding_mask: torch.Tensor | None = ...,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -332,10 +347,11 @@ class MultiHeadAttention(GroupedQueryAttention):
         x: torch.Tensor,
         return_weights: bool = False,
         *,
+        context: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
         key_padding_mask: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Causal multi-head self-attention of ``x``.
+        """Causal multi-head self-attention of ``x`` (or cross-attention to ``context``).
 
         Args:
             x: input embeddings, ``(batch, num_tokens, d_in)``, with
@@ -343,6 +359,10 @@ class MultiHeadAttention(GroupedQueryAttention):
                 *new* tokens.
             return_weights: take the readable path and also return the
                 per-head attention weights. Default ``False`` (fast path).
+            context: keyword-only; for a module built with ``causal=False``:
+                ``(batch, num_tokens_kv, d_in)``, the sequence the keys and
+                values come from (cross-attention: an encoder's output).
+                Default None: self-attention.
             kv_cache: keyword-only; an :class:`attnlib.KVCache`, for generating
                 token by token (chapter 9): ``x`` then holds only the new
                 tokens, which attend to the cached ones and causally to each
@@ -355,7 +375,8 @@ class MultiHeadAttention(GroupedQueryAttention):
                 attnlib's attention masks (True = may attend). Combined with
                 the causal mask; a query whose keys are all padding returns
                 zeros (``nn.MultiheadAttention`` gives NaN). See
-                :meth:`attnlib.GroupedQueryAttention.forward`. Default None.
+                :meth:`attnlib.GroupedQueryAttention.forward`. With a
+                ``context``, ``(batch, num_tokens_kv)``. Default None.
 
         Returns:
             ``context_vec``: ``(batch, num_tokens, d_out)``. With
@@ -372,13 +393,13 @@ class MultiHeadAttention(GroupedQueryAttention):
             ValueError: ``x`` is not 3-D, ``x.shape[-1] != d_in``, ``x`` has no
                 tokens, ``num_tokens > context_length``, the cached and new
                 tokens together exceed ``context_length``, or the cache holds
-                another batch size or layout.
+                another batch size or layout; a ``context`` given to a causal
+                module (see :meth:`attnlib.GroupedQueryAttention.forward`).
         """
-        if kv_cache is not None or key_padding_mask is not None or self.mask is None:
-            # chapter 9's forward: a cache, padding, or no mask buffer
-            return super().forward(
-                x, return_weights, kv_cache=kv_cache, key_padding_mask=key_padding_mask
-            )
+        if self.mask is None or _uses_general_forward(self, kv_cache, key_padding_mask, context):
+            # chapter 9's forward: a cache, padding, cross-attention or another option
+            return super().forward(x, return_weights, context=context, kv_cache=kv_cache,
+                                   key_padding_mask=key_padding_mask)
         _check_input(x, self.d_in, (3,), self.context_length, like=self.W_query.weight)
         _check_bool("return_weights", return_weights)
         b, num_tokens, _ = x.shape
@@ -420,7 +441,7 @@ class MultiHeadAttention(GroupedQueryAttention):
     def extra_repr(self) -> str:
         return (
             f"d_in={self.d_in}, d_out={self.d_out}, context_length={self.context_length}, "
-            f"num_heads={self.num_heads}, dropout_p={self.dropout_p}"
+            f"num_heads={self.num_heads}, dropout_p={self.dropout_p}{_options(self)}"
         )
 
     # -- interoperability with torch.nn.MultiheadAttention ------------------

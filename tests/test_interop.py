@@ -10,7 +10,9 @@ transformers = pytest.importorskip("transformers")
 
 from attnlib import GroupedQueryAttention, KVCache, MultiHeadAttention  # noqa: E402
 from attnlib.interop import (  # noqa: E402
+    gqa_from_gpt_oss_attention,
     gqa_from_llama_attention,
+    gqa_to_gpt_oss_attention,
     gqa_to_llama_attention,
     mha_from_gpt2_attention,
     mha_to_gpt2_attention,
@@ -24,10 +26,11 @@ SIZES = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
 
 def _llama_family(name, dtype, **extra):
     cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
-           "qwen2": transformers.Qwen2Config}[name]
+           "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[name]
     model_cls = {"llama": transformers.LlamaForCausalLM,
                  "mistral": transformers.MistralForCausalLM,
-                 "qwen2": transformers.Qwen2ForCausalLM}[name]
+                 "qwen2": transformers.Qwen2ForCausalLM,
+                 "qwen3": transformers.Qwen3ForCausalLM}[name]
     torch.manual_seed(0)
     config = cls(**{**SIZES, **extra})
     config._attn_implementation = "sdpa"  # eager softmaxes in float32 even for float64 inputs
@@ -79,7 +82,11 @@ CASES = {
                                  "original_max_position_embeddings": 16}},
     "mistral": {"sliding_window": None},
     "qwen2": {},
+    "qwen3": {"head_dim": 16},  # q_norm, k_norm -> qk_norm=True
 }
+# Qwen3's RMSNorm computes in float32 whatever the dtype, so in float64 the layer
+# agrees to float32 rounding of the normalised queries and keys.
+QWEN3_FLOAT64 = {"atol": 1e-8, "rtol": 1e-6}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -90,6 +97,8 @@ def test_gqa_from_llama_family_equals_transformers(case, dtype):
     hf_attn = model.model.layers[0].self_attn
     module = gqa_from_llama_attention(hf_attn, context_length=64)
     assert isinstance(module, GroupedQueryAttention) and module.rope is not None
+    assert (module.qk_norm is not None) == (family == "qwen3") and module.sinks is None
+    tol = QWEN3_FLOAT64 if (family, dtype) == ("qwen3", torch.float64) else TOL[dtype]
     assert module.W_query.weight.dtype == dtype and not module.training
     # transformers computes RoPE's angles in float32 whatever the dtype (its rotary
     # embedding calls .float()); attnlib in float64. The tables agree to float32
@@ -105,10 +114,11 @@ def test_gqa_from_llama_family_equals_transformers(case, dtype):
     with torch.no_grad():
         got = module(x)
         got_readable = module(x, return_weights=True)[0]
-    assert_close(got, expected, **TOL[dtype])
-    assert_close(got_readable, expected, **TOL[dtype])
+    assert_close(got, expected, **tol)
+    assert_close(got_readable, expected, **tol)
     # cached decoding: a 4-token prompt, then 8 steps of one token
-    assert_close(_attnlib_steps(module, x, 4), _hf_llama_steps(model, x, 4), **TOL[dtype])
+    assert_close(_attnlib_steps(module, x, 4), _hf_llama_steps(model, x, 4), **tol)
+    print(f"{case} {dtype}: max |attnlib - HF| = {(got - expected).abs().max().item():.2e}")
 
 
 def test_gqa_to_llama_attention_round_trip():
@@ -130,12 +140,108 @@ def test_gqa_to_llama_attention_round_trip():
                                                      out_bias=False, rope=True), hf_attn)
 
 
-def test_qwen3_qk_norm_is_refused_clearly():
-    torch.manual_seed(0)
-    config = transformers.Qwen3Config(**{**SIZES, "head_dim": 16})
-    model = transformers.Qwen3ForCausalLM(config)
-    with pytest.raises(NotImplementedError, match="q_norm, k_norm"):
-        gqa_from_llama_attention(model.model.layers[0].self_attn, 64)
+def test_qwen3_round_trip_and_other_qk_norms_refused():
+    model = _llama_family("qwen3", torch.float64, head_dim=16)
+    hf_attn = model.model.layers[0].self_attn
+    module = gqa_from_llama_attention(hf_attn, 64)
+    assert module.qk_norm.q_norm.eps == hf_attn.q_norm.variance_epsilon
+    torch.manual_seed(5)
+    other = GroupedQueryAttention(32, 32, 64, 0.0, 4, 2, rope=True, head_dim=16,
+                                  qk_norm=True, out_bias=False).double().eval()
+    with torch.no_grad():
+        other.qk_norm.k_norm.weight.normal_()
+    gqa_to_llama_attention(other, hf_attn)
+    assert torch.equal(hf_attn.k_norm.weight, other.qk_norm.k_norm.weight)
+    assert torch.equal(gqa_from_llama_attention(hf_attn, 64).qk_norm.k_norm.weight,
+                       other.qk_norm.k_norm.weight)
+    with pytest.raises(ValueError, match="has QK-norm"):
+        gqa_to_llama_attention(GroupedQueryAttention(32, 32, 64, 0.0, 4, 2, rope=True,
+                                                     head_dim=16, out_bias=False).double(),
+                               hf_attn)
+    # Gemma 3's norm multiplies by (1 + weight): another function, refused
+    with torch.no_grad():
+        hf_attn.q_norm.forward = lambda h: (1 + hf_attn.q_norm.weight) * h * torch.rsqrt(
+            h.pow(2).mean(-1, keepdim=True) + 1e-6)
+    with pytest.raises(NotImplementedError, match="not an RMSNorm over each head"):
+        gqa_from_llama_attention(hf_attn, 64)
+
+
+def _gpt_oss(dtype, layer_type="full_attention"):
+    from transformers.models.gpt_oss import modeling_gpt_oss as go
+
+    config = transformers.GptOssConfig(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        num_hidden_layers=1, layer_types=[layer_type], vocab_size=50, sliding_window=16,
+        intermediate_size=16, num_local_experts=2, num_experts_per_tok=1,
+        max_position_embeddings=64, attention_bias=True, attn_implementation="eager",
+    )  # default rope_parameters: YaRN, factor 32, as the released models
+    torch.manual_seed(6)
+    hf_attn = go.GptOssAttention(config, layer_idx=0)
+    with torch.no_grad():
+        for p in hf_attn.parameters():
+            p.normal_(0.0, 0.3)
+    return config, hf_attn.to(dtype).eval(), go.GptOssRotaryEmbedding(config).to(dtype)
+
+
+def _hf_gpt_oss_steps(config, hf_attn, rotary, x, prefix):
+    cache = transformers.DynamicCache(config=config)
+    bounds = [(0, prefix)] + [(t, t + 1) for t in range(prefix, x.shape[1])]
+    outs = []
+    with torch.no_grad():
+        for start, stop in bounds:
+            h = x[:, start:stop]
+            allowed = torch.ones(stop - start, stop, dtype=torch.bool).tril(start)
+            bias = torch.zeros(stop - start, stop, dtype=x.dtype).masked_fill(
+                ~allowed, torch.finfo(x.dtype).min)[None, None]
+            outs.append(hf_attn(h, rotary(h, torch.arange(start, stop)[None]), bias,
+                                cache=cache)[0])
+    return torch.cat(outs, dim=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gqa_from_gpt_oss_attention_equals_transformers(dtype):
+    config, hf_attn, rotary = _gpt_oss(dtype)
+    module = gqa_from_gpt_oss_attention(hf_attn, context_length=64)
+    assert module.sinks is not None and module.qk_norm is None
+    assert module.rope.scaling["rope_type"] == "yarn"
+    cos, sin = rotary(torch.zeros(1, dtype=dtype), torch.arange(64)[None])  # (1, 64, hd/2)
+    # gpt-oss's tables hold each angle once (it rotates halves); attnlib's twice
+    assert_close(module.rope.cos.double(), torch.cat([cos[0], cos[0]], -1).double(),
+                 atol=2e-5, rtol=0)
+    if dtype == torch.float64:  # HF's angles are float32: compare the rest with its tables
+        module.rope.cos = torch.cat([cos[0], cos[0]], -1)
+        module.rope.sin = torch.cat([sin[0], sin[0]], -1)
+    torch.manual_seed(1)
+    x = torch.randn(2, 12, 32, dtype=dtype)
+    expected = _hf_gpt_oss_steps(config, hf_attn, rotary, x, 12)
+    with torch.no_grad():
+        got = module(x)
+        assert_close(got, expected, **TOL[dtype])
+        assert_close(module(x, return_weights=True)[0], expected, **TOL[dtype])
+    assert_close(_attnlib_steps(module, x, 4),
+                 _hf_gpt_oss_steps(config, hf_attn, rotary, x, 4), **TOL[dtype])
+    print(f"gpt-oss {dtype}: max |attnlib - HF| = {(got - expected).abs().max().item():.2e}")
+
+
+def test_gpt_oss_round_trip_and_refusals():
+    config, hf_attn, rotary = _gpt_oss(torch.float64)
+    module = gqa_from_gpt_oss_attention(hf_attn, 64)
+    with torch.no_grad():
+        module.sinks.sinks.add_(1.0)
+    gqa_to_gpt_oss_attention(module, hf_attn)
+    assert torch.equal(hf_attn.sinks, module.sinks.sinks)
+    with pytest.raises(NotImplementedError, match="gqa_from_gpt_oss_attention"):
+        gqa_from_llama_attention(hf_attn, 64)
+    with pytest.raises(ValueError, match="has sinks"):
+        gqa_to_gpt_oss_attention(GroupedQueryAttention(32, 32, 64, 0.0, 4, 2, True,
+                                                       rope=True, head_dim=8), hf_attn)
+    llama = _llama_family("llama", torch.float32).model.layers[0].self_attn
+    with pytest.raises(TypeError, match="sinks parameter"):
+        gqa_from_gpt_oss_attention(llama, 64)
+    _, sliding, _ = _gpt_oss(torch.float32, "sliding_attention")
+    with pytest.raises(NotImplementedError, match="sliding window of 16"):
+        gqa_from_gpt_oss_attention(sliding, 64)
+    assert gqa_from_gpt_oss_attention(sliding, 16).context_length == 16
 
 
 def test_sliding_window_shorter_than_context_is_refused():

@@ -74,3 +74,93 @@ def test_key_padding_mask_is_checked():
         mha(x, key_padding_mask=torch.zeros(2, 4))
     with pytest.raises(ValueError, match=r"\(batch, num_tokens_kv\) = \(2, 4\)"):
         mha(x, key_padding_mask=torch.zeros(4, 2, dtype=torch.bool))
+
+
+# ---------------------------------------------------------------------------
+# Cross-attention: queries from x, keys and values from a context
+# ---------------------------------------------------------------------------
+
+
+def _cross_pair(seed=3, d=12, heads=3, **kwargs):
+    torch.manual_seed(seed)
+    mha = MultiHeadAttention(d, d, 16, 0.0, heads, qkv_bias=True, causal=False,
+                             **kwargs).double().eval()
+    return mha, mha.to_torch().eval()
+
+
+@pytest.mark.parametrize("return_weights", [False, True])
+def test_cross_attention_equals_torch(return_weights):
+    mha, ref = _cross_pair()
+    assert mha.mask is None  # no causal buffer for a non-causal module
+    x = torch.randn(2, 5, 12, dtype=torch.float64)
+    context = torch.randn(2, 40, 12, dtype=torch.float64)  # longer than context_length
+    out = mha(x, return_weights, context=context)
+    expected, expected_weights = ref(x, context, context, average_attn_weights=False)
+    assert_close(out[0] if return_weights else out, expected, **TOL)
+    if return_weights:
+        assert out[1].shape == (2, 3, 5, 40)
+        assert_close(out[1], expected_weights, **TOL)
+    # the keys really come from the context: self-attention gives something else
+    assert not torch.allclose(mha(x), expected[:, :5])
+
+
+@pytest.mark.parametrize("return_weights", [False, True])
+def test_cross_attention_key_padding_mask_on_context_equals_torch(return_weights):
+    mha, ref = _cross_pair(seed=4)
+    x = torch.randn(3, 4, 12, dtype=torch.float64)
+    context = torch.randn(3, 7, 12, dtype=torch.float64)
+    padding = _lengths_to_padding([7, 3, 1], 7)  # True = padding, on the context's keys
+    out = mha(x, return_weights, context=context, key_padding_mask=padding)
+    out = out[0] if return_weights else out
+    expected, _ = ref(x, context, context, key_padding_mask=padding, need_weights=False)
+    assert_close(out, expected, **TOL)
+    unpadded = mha(x, context=context)
+    assert not torch.allclose(out[1], unpadded[1])  # the padding changed row 1
+    assert_close(out[0], unpadded[0], **TOL)  # and not row 0, which has none
+
+
+def test_cross_attention_with_gqa_and_options():
+    torch.manual_seed(5)
+    gqa = GroupedQueryAttention(10, 12, 8, 0.0, 4, 2, causal=False, qk_norm=True,
+                                sinks=True).double().eval()
+    x, context = torch.randn(2, 3, 10, dtype=torch.float64), torch.randn(2, 6, 10,
+                                                                         dtype=torch.float64)
+    fast = gqa(x, context=context)
+    readable, weights = gqa(x, True, context=context)
+    assert_close(fast, readable, **TOL)
+    assert weights.shape == (2, 4, 3, 6) and (weights.sum(-1) < 1).all()
+
+
+def test_non_causal_self_attention_equals_torch_without_mask():
+    mha, ref = _cross_pair(seed=6)
+    x = torch.randn(2, 6, 12, dtype=torch.float64)
+    expected = ref(x, x, x, need_weights=False)[0]
+    assert_close(mha(x), expected, **TOL)
+    assert_close(mha(x, True)[0], expected, **TOL)
+
+
+def test_cross_attention_misuse_is_refused():
+    torch.manual_seed(7)
+    causal = MultiHeadAttention(12, 12, 16, 0.0, 3).double()
+    x, context = torch.randn(2, 4, 12, dtype=torch.float64), torch.randn(2, 6, 12,
+                                                                         dtype=torch.float64)
+    with pytest.raises(ValueError, match="causal mask there is a mistake"):
+        causal(x, context=context)
+    with pytest.raises(ValueError, match="causal mask there is a mistake"):
+        causal(x, True, context=context)
+    cross, _ = _cross_pair()
+    with pytest.raises(ValueError, match=r"\(batch, num_tokens_kv, d_in\) = \(2, num_tokens_kv"):
+        cross(x, context=context[:1])
+    with pytest.raises(ValueError, match="no tokens"):
+        cross(x, context=context[:, :0])
+    with pytest.raises(TypeError, match="dtype"):
+        cross(x, context=context.float())
+    with pytest.raises(TypeError, match="context must be a torch.Tensor"):
+        cross(x, context=[[0.0]])
+    with pytest.raises(ValueError, match="kv_cache"):
+        cross(x, context=context, kv_cache=KVCache())
+    with pytest.raises(ValueError, match=r"\(batch, num_tokens_kv\) = \(2, 6\)"):
+        cross(x, context=context, key_padding_mask=torch.zeros(2, 4, dtype=torch.bool))
+    rope = GroupedQueryAttention(12, 12, 16, 0.0, 3, 3, rope=True, causal=False).double()
+    with pytest.raises(ValueError, match="rope=True"):
+        rope(x, context=context)

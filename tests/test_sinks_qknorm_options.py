@@ -1,0 +1,158 @@
+"""The qk_norm=True and sinks=True options of GroupedQueryAttention and
+MultiHeadAttention: defaults unchanged, both paths and the KV cache equal to a
+reference assembled from attnlib.sinks, gradients reaching the sinks on both
+paths. (Against transformers' Qwen3 and gpt-oss: tests/test_interop.py.)"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from attnlib import GroupedQueryAttention, KVCache, MultiHeadAttention
+from attnlib.sinks import sink_attention
+
+TOL = {"atol": 1e-12, "rtol": 1e-10}
+
+
+def _module(qk_norm, sinks, rope=True, num_kv_groups=2, seed=0):
+    torch.manual_seed(seed)
+    module = GroupedQueryAttention(10, 12, 16, 0.0, 4, num_kv_groups, True, rope=rope,
+                                   head_dim=6, qk_norm=qk_norm, sinks=sinks).double().eval()
+    with torch.no_grad():  # gains and sinks away from their initial 1 and 0
+        for name, p in module.named_parameters():
+            if "norm" in name or name.startswith("sinks"):
+                p.normal_()
+    return module
+
+
+def _reference(module, x, allowed):
+    """The layer assembled by hand from its parts and attnlib.sinks.sink_attention."""
+    b, n, _ = x.shape
+    h, g, d = module.num_heads, module.num_kv_groups, module.head_dim
+    q = module.W_query(x).view(b, n, h, d).transpose(1, 2)
+    k = module.W_key(x).view(b, n, g, d).transpose(1, 2)
+    v = module.W_value(x).view(b, n, g, d).transpose(1, 2)
+    if module.qk_norm is not None:
+        q, k = module.qk_norm.q_norm(q), module.qk_norm.k_norm(k)
+    if module.rope is not None:
+        q, k = module.rope(q), module.rope(k)
+    sinks = (module.sinks.sinks if module.sinks is not None
+             else torch.full((h,), float("-inf"), dtype=x.dtype))
+    ctx = sink_attention(q, k, v, sinks, attn_mask=allowed)
+    return module.out_proj(ctx.transpose(1, 2).reshape(b, n, h * d))
+
+
+CASES = list(itertools.product([False, True], [False, True], [False, True], [1, 2, 4]))
+
+
+@pytest.mark.parametrize("qk_norm,sinks,rope,num_kv_groups", CASES)
+def test_both_paths_and_cache_equal_the_reference(qk_norm, sinks, rope, num_kv_groups):
+    module = _module(qk_norm, sinks, rope, num_kv_groups)
+    x = torch.randn(2, 9, 10, dtype=torch.float64)
+    with torch.no_grad():
+        expected = _reference(module, x, torch.ones(9, 9, dtype=torch.bool).tril())
+        fast = module(x)
+        readable, weights = module(x, return_weights=True)
+        cache = KVCache()
+        steps = [module(x[:, :4], kv_cache=cache)]
+        steps += [module(x[:, t : t + 1], kv_cache=cache) for t in range(4, 9)]
+        cache_readable = KVCache()
+        steps_readable = [module(x[:, :5], True, kv_cache=cache_readable)[0],
+                          module(x[:, 5:], True, kv_cache=cache_readable)[0]]
+    for got in (fast, readable, torch.cat(steps, 1), torch.cat(steps_readable, 1)):
+        assert_close(got, expected, **TOL)
+    row_sums = weights.sum(-1)
+    if sinks:  # the sink takes a share of every row: rows sum to less than 1
+        assert (row_sums < 1 - 1e-6).all()
+    else:
+        assert_close(row_sums, torch.ones_like(row_sums), **TOL)
+
+
+def test_each_option_changes_the_output():
+    x = torch.randn(1, 6, 10, dtype=torch.float64)
+    plain = _module(False, False)
+    with torch.no_grad():
+        base = plain(x)
+        for qk_norm, sinks in [(True, False), (False, True)]:
+            module = _module(qk_norm, sinks)
+            module.load_state_dict(plain.state_dict(), strict=False)
+            assert (module(x) - base).abs().max() > 1e-3
+
+
+def test_defaults_keep_parameters_and_state_dict_keys():
+    torch.manual_seed(0)
+    plain = MultiHeadAttention(8, 8, 6, 0.0, 2)
+    torch.manual_seed(0)
+    both = MultiHeadAttention(8, 8, 6, 0.0, 2, qk_norm=True, sinks=True)
+    assert plain.qk_norm is None and plain.sinks is None and plain.causal
+    extra = set(both.state_dict()) - set(plain.state_dict())
+    assert extra == {"qk_norm.q_norm.weight", "qk_norm.k_norm.weight", "sinks.sinks"}
+    assert set(plain.state_dict()) == {"mask", "W_query.weight", "W_key.weight",
+                                       "W_value.weight", "out_proj.weight", "out_proj.bias"}
+    for name, p in plain.named_parameters():  # same seeded weights: options are created last
+        assert torch.equal(p, both.get_parameter(name))
+    assert both.sinks.sinks.shape == (2,) and both.qk_norm.q_norm.weight.shape == (4,)
+    assert "qk_norm=True, sinks=True" in repr(both) and "qk_norm" not in repr(plain)
+
+
+@pytest.mark.parametrize("cls", [MultiHeadAttention, GroupedQueryAttention])
+def test_gradients_reach_sinks_and_gains_equally_on_both_paths(cls):
+    torch.manual_seed(3)
+    args = (10, 12, 16, 0.0, 4) + (() if cls is MultiHeadAttention else (2,))
+    module = cls(*args, qk_norm=True, sinks=True).double()
+    with torch.no_grad():
+        module.sinks.sinks.normal_()
+    x = torch.randn(2, 7, 10, dtype=torch.float64)
+    padding = torch.zeros(2, 7, dtype=torch.bool)
+    padding[1, 5:] = True  # padding too, so the float-mask path is exercised
+    grads = []
+    for return_weights in (False, True):
+        module.zero_grad()
+        out = module(x, return_weights, key_padding_mask=padding)
+        out = out[0] if return_weights else out
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in module.named_parameters()})
+    for name in grads[0]:
+        assert_close(grads[0][name], grads[1][name], **TOL)
+    assert grads[0]["sinks.sinks"].abs().min() > 0
+    assert grads[0]["qk_norm.k_norm.weight"].abs().max() > 0
+
+
+def test_sinks_with_fully_padded_rows_give_zeros():
+    module = _module(True, True)
+    x = torch.randn(2, 6, 10, dtype=torch.float64)
+    padding = torch.zeros(2, 6, dtype=torch.bool)
+    padding[1, :3] = True  # left padding: queries 0-2 of row 1 see no real key
+    with torch.no_grad():
+        for out in (module(x, key_padding_mask=padding),
+                    module(x, True, key_padding_mask=padding)[0]):
+            assert_close(out[1, :3], module.out_proj.bias.expand(3, -1), **TOL)
+            allowed = (~padding)[:, None, None, :] & torch.ones(6, 6, dtype=torch.bool).tril()
+            assert_close(out[0], _reference(module, x, allowed)[0], **TOL)
+            assert_close(out[1, 3:], _reference(module, x, allowed)[1, 3:], **TOL)
+
+
+def test_mha_with_options_equals_gqa_with_one_kv_head_per_query_head():
+    torch.manual_seed(4)
+    mha = MultiHeadAttention(8, 8, 6, 0.0, 2, qk_norm=True, sinks=True,
+                             mask_buffer=True).double().eval()
+    gqa = GroupedQueryAttention(8, 8, 6, 0.0, 2, 2, qk_norm=True, sinks=True).double().eval()
+    with torch.no_grad():
+        mha.sinks.sinks.normal_()
+    gqa.load_state_dict(mha.state_dict())
+    x = torch.randn(3, 6, 8, dtype=torch.float64)
+    with torch.no_grad():
+        assert_close(mha(x), gqa(x), **TOL)
+        assert_close(mha(x, True)[1], gqa(x, True)[1], **TOL)
+
+
+def test_option_flags_are_checked():
+    with pytest.raises(TypeError, match="qk_norm"):
+        GroupedQueryAttention(8, 8, 6, 0.0, 2, 1, qk_norm=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="sinks"):
+        MultiHeadAttention(8, 8, 6, 0.0, 2, sinks="yes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="causal"):
+        MultiHeadAttention(8, 8, 6, 0.0, 2, causal=None)  # type: ignore[arg-type]
