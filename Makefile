@@ -50,6 +50,8 @@ MYPY_FILES := attnlib/__init__.py attnlib/_validation.py attnlib/_heads.py \
 	attnlib/attention.py attnlib/multihead.py attnlib/gqa.py attnlib/kv_cache.py \
 	attnlib/functional.py attnlib/positional.py attnlib/device.py attnlib/viz.py attnlib/bench \
 	attnlib/training.py attnlib/source.py attnlib/experiments attnlib/interop.py attnlib/exercises/padding.py \
+	attnlib/flash.py attnlib/flash_triton.py attnlib/exercises/kernel.py attnlib/linear_attention.py \
+	attnlib/latent.py attnlib/sparse.py attnlib/sinks.py attnlib/data.py attnlib/exercises/beyond.py \
 	attnlib/exercises/_common.py attnlib/exercises/_attention_modules.py \
 	attnlib/exercises/basics.py attnlib/exercises/efficient.py attnlib/exercises/learning.py \
 	attnlib/exercises/llm.py attnlib/exercises/masks.py attnlib/exercises/modules.py \

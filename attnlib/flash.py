@@ -32,6 +32,8 @@ query, key and value; ``d_k`` is the query/key size, ``d_v`` the value size.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -43,7 +45,8 @@ DEFAULT_BLOCK_SIZE = 256
 """Query and key/value block size used when none is given (tuned on a 2-core CPU)."""
 
 
-def _check_inputs(query, key, value, is_causal, scale, block_size) -> int:
+def _check_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  is_causal: bool, scale: float | None, block_size: object) -> int:
     # The reference's checks, so both functions refuse bad input with the same words.
     check_sdpa_inputs(query, key, value, None, 0.0, is_causal, scale)
     return check_positive_int("block_size", block_size)
@@ -55,7 +58,8 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _future_mask(q_start, q_end, kv_start, kv_end, device) -> torch.Tensor:
+def _future_mask(q_start: int, q_end: int, kv_start: int, kv_end: int,
+                 device: torch.device) -> torch.Tensor:
     """Bool ``(q_end - q_start, kv_end - kv_start)``, True where key j > query i."""
     rows = torch.arange(q_start, q_end, device=device).unsqueeze(-1)  # (Bq, 1)
     cols = torch.arange(kv_start, kv_end, device=device)  # (Bk,)
@@ -159,8 +163,11 @@ def flash_attention_forward(
 class _FlashAttentionFunction(torch.autograd.Function):
     """Autograd wrapper: saves only the inputs and each row's log-sum-exp."""
 
+    # ctx is Any, as in torch's own signatures: FunctionCtx declares neither
+    # saved_tensors nor the attributes set on it here.
     @staticmethod
-    def forward(ctx, query, key, value, is_causal, scale, block_size):
+    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                is_causal: bool, scale: float, block_size: int) -> torch.Tensor:
         context_vec, logsumexp = flash_attention_forward(
             query, key, value, is_causal, scale, block_size=block_size)
         ctx.save_for_backward(query, key, value, logsumexp)
@@ -169,13 +176,16 @@ class _FlashAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_context):
-        grads = _flash_backward(*ctx.saved_tensors, grad_context, ctx.is_causal, ctx.scale,
-                                ctx.block_size)
+    def backward(ctx: Any, grad_context: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None, None]:
+        query, key, value, logsumexp = ctx.saved_tensors
+        grads = _flash_backward(query, key, value, logsumexp, grad_context, ctx.is_causal,
+                                ctx.scale, ctx.block_size)
         return (*grads, None, None, None)
 
 
-def _backward_tiles(num_tokens_q, num_tokens_kv, is_causal, block_size):
+def _backward_tiles(num_tokens_q: int, num_tokens_kv: int, is_causal: bool,
+                    block_size: int) -> Iterator[tuple[int, int, int, int]]:
     """The ``(q_start, q_end, kv_start, kv_end)`` of each tile the backward visits."""
     for kv_start in range(0, num_tokens_kv, block_size):
         kv_end = min(kv_start + block_size, num_tokens_kv)
@@ -184,7 +194,10 @@ def _backward_tiles(num_tokens_q, num_tokens_kv, is_causal, block_size):
             yield q_start, min(q_start + block_size, num_tokens_q), kv_start, kv_end
 
 
-def _recompute_tile(query, key, value, logsumexp, grad_context, tile, is_causal, scale):
+def _recompute_tile(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    logsumexp: torch.Tensor, grad_context: torch.Tensor,
+                    tile: tuple[int, int, int, int], is_causal: bool, scale: float
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One tile's blocks, ``E = exp(S - L)`` and ``dP = dO @ V^T``, as the forward computed S.
 
     Both backward passes call this, so both see the same bits. Returns
@@ -204,7 +217,10 @@ def _recompute_tile(query, key, value, logsumexp, grad_context, tile, is_causal,
     return q_block, k_block, exp_scores, grad_weights
 
 
-def _flash_backward(query, key, value, logsumexp, grad_context, is_causal, scale, block_size):
+def _flash_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    logsumexp: torch.Tensor, grad_context: torch.Tensor, is_causal: bool,
+                    scale: float, block_size: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of tiled attention, recomputing each tile's weights (FA-2, Algorithm 2).
 
     Two passes over the tiles. The first sums, for each query row, the recomputed

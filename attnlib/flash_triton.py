@@ -49,14 +49,16 @@ import math
 import numbers
 import os
 import types
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 
 from ._validation import check_bool, type_name
 
 if TYPE_CHECKING:  # the kernels' `tl`; at run time _kernels() supplies it
-    import triton.language as tl
+    # Triton ships no type hints (no py.typed), so `tl` and `triton` are Any to mypy.
+    import triton.language as tl  # type: ignore[import-untyped]
 
 __all__ = ["HEAD_DIMS", "SUPPORTED_DTYPES", "flash_attention_triton",
            "flash_attention_triton_forward"]
@@ -76,12 +78,18 @@ LOG2_E = math.log2(math.e)  # exp(x) == exp2(x * LOG2_E)
 # tensors are contiguous, so row r of pair bh starts at element
 # (bh * num_tokens + r) * HEAD_DIM. Scores are kept in base-2 units,
 # s = q.k * scale * log2(e), so that exp2(s - m) is the softmax's exp(x - max).
+# The annotations are the types the arguments have inside a kernel: every run-time
+# argument, pointer or scalar, is a tl.tensor (a pointer's dtype is a pointer type), and a
+# launch constant is a tl.constexpr. Triton ships no type hints, so mypy sees `tl` as Any
+# and does not check the kernels' bodies.
 
 
-def _forward_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, qk_scale, N_Q, N_KV,
+def _forward_kernel(q_ptr: tl.tensor, k_ptr: tl.tensor, v_ptr: tl.tensor,
+                    out_ptr: tl.tensor, lse_ptr: tl.tensor, qk_scale: tl.tensor,
+                    N_Q: tl.tensor, N_KV: tl.tensor,
                     IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    DOT_PRECISION: tl.constexpr):
+                    DOT_PRECISION: tl.constexpr) -> None:
     """O_i and L_i for BLOCK_M query rows: Dao (2023), Algorithm 1."""
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1).to(tl.int64)  # int64: bh * N * HEAD_DIM may pass 2**31
@@ -130,8 +138,8 @@ def _forward_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, qk_scale, N_Q, N_KV,
     tl.store(lse_ptr + rows, row_max + tl.log2(row_sum), mask=row_ok)
 
 
-def _delta_kernel(out_ptr, dout_ptr, delta_ptr, N_Q,
-                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+def _delta_kernel(out_ptr: tl.tensor, dout_ptr: tl.tensor, delta_ptr: tl.tensor,
+                  N_Q: tl.tensor, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr) -> None:
     """D_i = rowsum(dO_i * O_i) = sum_j P_ij dP_ij for BLOCK_M rows (Algorithm 2)."""
     bh = tl.program_id(1).to(tl.int64)
     out_ptr += bh * N_Q * HEAD_DIM
@@ -146,11 +154,13 @@ def _delta_kernel(out_ptr, dout_ptr, delta_ptr, N_Q,
     tl.store(delta_ptr + rows, tl.sum(o * do, 1), mask=row_ok)
 
 
-def _grad_key_value_kernel(q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr,
-                           dk_ptr, dv_ptr, scale, qk_scale, N_Q, N_KV,
+def _grad_key_value_kernel(q_ptr: tl.tensor, k_ptr: tl.tensor, v_ptr: tl.tensor,
+                           dout_ptr: tl.tensor, lse_ptr: tl.tensor, delta_ptr: tl.tensor,
+                           dk_ptr: tl.tensor, dv_ptr: tl.tensor, scale: tl.tensor,
+                           qk_scale: tl.tensor, N_Q: tl.tensor, N_KV: tl.tensor,
                            IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                           DOT_PRECISION: tl.constexpr):
+                           DOT_PRECISION: tl.constexpr) -> None:
     """dK_j and dV_j for BLOCK_N keys, looping over query blocks (Algorithm 2)."""
     start_n = tl.program_id(0) * BLOCK_N
     bh = tl.program_id(1).to(tl.int64)
@@ -199,11 +209,13 @@ def _grad_key_value_kernel(q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr,
     tl.store(dv_ptr + kv_offsets, dv.to(dv_ptr.dtype.element_ty), mask=key_ok[:, None])
 
 
-def _grad_query_kernel(q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr,
-                       dq_ptr, scale, qk_scale, N_Q, N_KV,
+def _grad_query_kernel(q_ptr: tl.tensor, k_ptr: tl.tensor, v_ptr: tl.tensor,
+                       dout_ptr: tl.tensor, lse_ptr: tl.tensor, delta_ptr: tl.tensor,
+                       dq_ptr: tl.tensor, scale: tl.tensor, qk_scale: tl.tensor,
+                       N_Q: tl.tensor, N_KV: tl.tensor,
                        IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr):
+                       DOT_PRECISION: tl.constexpr) -> None:
     """dQ_i for BLOCK_M queries, looping over key blocks as the forward does."""
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1).to(tl.int64)
@@ -246,7 +258,7 @@ def _grad_query_kernel(q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr,
     tl.store(dq_ptr + q_offsets, dq.to(dq_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-def _import_triton():
+def _import_triton() -> types.ModuleType:
     """Import Triton on first use, or explain how to install it."""
     try:
         import triton
@@ -274,8 +286,12 @@ def _kernels(interpret: bool) -> types.SimpleNamespace:
     triton = _import_triton()
     scope = {"tl": triton.language, "triton": triton, "__name__": __name__}
 
-    def jit(fn):
+    def jit(fn: Callable[..., None]) -> object:  # a JITFunction, or an InterpretedFunction
+        assert isinstance(fn, types.FunctionType)  # a def: it has __code__ and __defaults__
         rebound = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__)
+        # FunctionType drops the annotations, which tell Triton the tl.constexpr arguments
+        # (compiled in as constants: tl.arange(0, HEAD_DIM) needs one).
+        rebound.__annotations__ = dict(fn.__annotations__)
         return triton.jit(rebound)
 
     return types.SimpleNamespace(
@@ -304,8 +320,10 @@ def _check_block(name: str, value: object, low: int = 16, high: int = 256,
     return value
 
 
-def _check_inputs(query, key, value, is_causal, scale, block_m, block_n, num_warps=None,
-                  num_stages=None):
+def _check_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  is_causal: bool, scale: float | None, block_m: object, block_n: object,
+                  num_warps: object = None, num_stages: object = None
+                  ) -> tuple[int | None, int | None, int | None, int | None]:
     """The reference's checks, then what the kernels need; returns the launch settings
     asked for, ``(block_m, block_n, num_warps, num_stages)``, each an int or None."""
     from .functional import _check_sdpa_inputs
@@ -342,8 +360,19 @@ def _check_inputs(query, key, value, is_causal, scale, block_m, block_n, num_war
             _check_block("num_stages", num_stages, 1, 8, power_of_two=False))
 
 
+class _LaunchSettings(TypedDict):
+    """What :func:`_launch_settings` returns: a plain dict at run time."""
+
+    kernels: types.SimpleNamespace  # the four kernels, from _kernels()
+    block_m: int
+    block_n: int
+    launch: dict[str, int]  # num_warps and num_stages on a GPU; empty under the interpreter
+    precision: str  # tl.dot's input_precision: "ieee" or "tf32"
+
+
 def _launch_settings(query: torch.Tensor, block_m: int | None, block_n: int | None,
-                     num_warps: int | None = None, num_stages: int | None = None) -> dict:
+                     num_warps: int | None = None, num_stages: int | None = None
+                     ) -> _LaunchSettings:
     """Kernels (interpreted or compiled), block sizes, warps and stages for these inputs."""
     triton = _import_triton()
     interpret = _interpreting(triton)
@@ -373,7 +402,7 @@ def _launch_settings(query: torch.Tensor, block_m: int | None, block_n: int | No
         )
     if interpret:  # few, small programs: the interpreter is slow per program; it runs
         default_m = default_n = 32  # each program as one, so warps and stages do not apply
-        launch = {}
+        launch: dict[str, int] = {}
     else:
         # 64 x 64 tiles, 4 warps, 3 stages: a plain textbook setting, not tuned. float32
         # tiles are twice as large in shared memory, so they get half the rows.
@@ -391,7 +420,7 @@ def _launch_settings(query: torch.Tensor, block_m: int | None, block_n: int | No
     }
 
 
-def _interpreting(triton) -> bool:
+def _interpreting(triton: types.ModuleType) -> bool:
     """Whether ``TRITON_INTERPRET`` is on now, as Triton reads it."""
     knobs = getattr(triton, "knobs", None)  # Triton's settings object, in recent versions
     if knobs is not None:
@@ -399,9 +428,11 @@ def _interpreting(triton) -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on")
 
 
-def _imported_interpreted(triton) -> bool:
+def _imported_interpreted(triton: types.ModuleType) -> bool:
     """Whether Triton's own library was decorated under the interpreter at import."""
-    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.interpreter import (  # type: ignore[import-untyped]  # no hints
+        InterpretedFunction,
+    )
 
     return isinstance(triton.language.zeros, InterpretedFunction)
 
@@ -410,14 +441,15 @@ def _cdiv(n: int, block: int) -> int:
     return (n + block - 1) // block  # blocks needed to cover n rows
 
 
-def _on_device(device: torch.device):
+def _on_device(device: torch.device) -> contextlib.AbstractContextManager[object]:
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 # --- the passes ------------------------------------------------------------------------------
 
 
-def _forward(query, key, value, is_causal, scale, settings):
+def _forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_causal: bool,
+             scale: float, settings: _LaunchSettings) -> tuple[torch.Tensor, torch.Tensor]:
     """Contiguous ``(B, H, N, d)`` inputs -> output ``(B, H, N_q, d)``, LSE ``(B, H, N_q)``."""
     batch, num_heads, num_tokens_q, head_dim = query.shape
     num_tokens_kv = key.shape[2]
@@ -438,7 +470,10 @@ def _forward(query, key, value, is_causal, scale, settings):
     return context_vec, lse
 
 
-def _backward(query, key, value, context_vec, lse, grad_context, is_causal, scale, settings):
+def _backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              context_vec: torch.Tensor, lse: torch.Tensor, grad_context: torch.Tensor,
+              is_causal: bool, scale: float, settings: _LaunchSettings
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of the query, key and value (Dao 2023, Algorithm 2), each in the input dtype."""
     batch, num_heads, num_tokens_q, head_dim = query.shape
     num_tokens_kv = key.shape[2]
@@ -470,8 +505,11 @@ def _backward(query, key, value, context_vec, lse, grad_context, is_causal, scal
 class _FlashAttentionTritonFunction(torch.autograd.Function):
     """Autograd wrapper: saves the inputs, the output and the log-sum-exp, nothing N x N."""
 
+    # ctx is Any, as in torch's own signatures: FunctionCtx declares neither
+    # saved_tensors nor the attributes set on it here.
     @staticmethod
-    def forward(ctx, query, key, value, is_causal, scale, settings):
+    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                is_causal: bool, scale: float, settings: _LaunchSettings) -> torch.Tensor:
         query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
         context_vec, lse = _forward(query, key, value, is_causal, scale, settings)
         ctx.save_for_backward(query, key, value, context_vec, lse)
@@ -480,14 +518,17 @@ class _FlashAttentionTritonFunction(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_context):
+    def backward(ctx: Any, grad_context: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None, None]:
         query, key, value, context_vec, lse = ctx.saved_tensors
         grads = _backward(query, key, value, context_vec, lse, grad_context,
                           ctx.is_causal, ctx.scale, ctx.settings)
         return (*grads, None, None, None)
 
 
-def _prepare(query, key, value, is_causal, scale, block_m, block_n, num_warps, num_stages):
+def _prepare(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_causal: bool,
+             scale: float | None, block_m: object, block_n: object, num_warps: object,
+             num_stages: object) -> tuple[bool, float, _LaunchSettings]:
     asked = _check_inputs(query, key, value, is_causal, scale, block_m, block_n, num_warps,
                           num_stages)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)

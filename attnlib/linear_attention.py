@@ -61,10 +61,11 @@ def _check_form(form: object, allowed: tuple[str, ...]) -> str:
 def _check_qkv(queries: object, keys: object, values: object) -> None:
     for name, t in (("queries", queries), ("keys", keys), ("values", values)):
         check_float_tensor(name, t, min_ndim=4)
-        if t.ndim != 4:  # type: ignore[union-attr]
+        assert isinstance(t, torch.Tensor)  # check_float_tensor raised otherwise
+        if t.ndim != 4:
             raise ValueError(
                 f"{name} must be (batch, num_heads, num_tokens, head_dim), got shape "
-                f"{tuple(t.shape)}"  # type: ignore[union-attr]
+                f"{tuple(t.shape)}"
             )
     assert isinstance(queries, torch.Tensor) and isinstance(keys, torch.Tensor)
     assert isinstance(values, torch.Tensor)

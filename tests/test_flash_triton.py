@@ -352,6 +352,29 @@ def test_in_a_fresh_process_attnlib_needs_no_triton_and_a_late_variable_is_named
         result.stdout
 
 
+_COMPILED_PARAMS = """
+import attnlib.flash_triton as ft
+kernels = ft._kernels(False)
+for name in ("forward", "delta", "grad_key_value", "grad_query"):
+    fn = getattr(kernels, name)
+    print(name, sorted(p.name for p in fn.params if p.is_constexpr))
+"""
+
+
+def test_compiled_kernels_know_their_constexpr_arguments():
+    # Rebuilding a kernel in its own globals must keep its annotations: without them the
+    # compiler sees HEAD_DIM or BLOCK_M as run-time values (the interpreter does not care).
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", _COMPILED_PARAMS], capture_output=True,
+                            text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    for name in ("forward", "grad_key_value", "grad_query"):
+        assert "'HEAD_DIM'" in lines[name] and "'IS_CAUSAL'" in lines[name], lines[name]
+        assert "'BLOCK_M'" in lines[name] and "'BLOCK_N'" in lines[name], lines[name]
+    assert lines["delta"] != "[]", lines["delta"]
+
+
 def test_kernels_leave_the_module_namespace_alone():
     # The interpreter adds its helpers to a kernel's globals: they must not land in attnlib.
     flash_attention_triton(*_good())

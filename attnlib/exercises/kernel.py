@@ -81,8 +81,9 @@ def _kernel_device(device: torch.device | str | None) -> torch.device:
 
 def _require_kernel(kernel: object, what: str) -> None:
     """``kernel`` must be a function decorated with ``@triton.jit``."""
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
+    # Triton ships no type hints (no py.typed): both classes are Any to mypy.
+    from triton.runtime.interpreter import InterpretedFunction  # type: ignore[import-untyped]
+    from triton.runtime.jit import JITFunction  # type: ignore[import-untyped]
 
     if isinstance(kernel, (JITFunction, InterpretedFunction)):
         return
