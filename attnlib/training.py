@@ -11,8 +11,10 @@ probe batch.
 What the chapter measures on the heads: :func:`previous_token_score` and
 :func:`prefix_matching_score` the two halves of the induction circuit, and
 :func:`copying_score` the copying that, with prefix matching, defines an
-induction head. (:func:`attnlib.experiments.learning_phases` measures the
-accuracy curves.)
+induction head. :func:`ablate_head_into` removes one head's output from
+what a later layer's queries, keys or values read, to show which of them the
+induction circuit composes through. (:func:`attnlib.experiments.learning_phases`
+measures the accuracy curves.)
 
 Shape legend: ``batch`` sequences of ``num_tokens`` token ids; ``vocab_size``
 logits per position; ``num_heads`` heads per layer.
@@ -35,7 +37,9 @@ from .models import TinyTransformer, TransformerBlock
 from .multihead import MultiHeadAttention
 
 __all__ = [
+    "ABLATION_TARGETS",
     "TrainingHistory",
+    "ablate_head_into",
     "accuracy",
     "copying_score",
     "prefix_matching_score",
@@ -217,8 +221,14 @@ def _head_outputs(
     for block in model.blocks[:layer]:
         x = block(x)
     # nn.ModuleList's items are typed nn.Module; TinyTransformer's are TransformerBlocks.
-    block = cast(TransformerBlock, model.blocks[layer])
-    attn = cast(MultiHeadAttention, block.attn)  # as copying_score checked
+    return _head_outputs_from(cast(TransformerBlock, model.blocks[layer]), x)
+
+
+def _head_outputs_from(
+    block: TransformerBlock, x: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_head_outputs` of ``block`` for the residual stream ``x`` it reads."""
+    attn = cast(MultiHeadAttention, block.attn)  # as the callers checked
     normed = block.norm_1(x)  # (batch, num_tokens, d_model)
     _, attn_weights = attn(normed, return_weights=True)  # (b, num_heads, num_tokens, num_tokens)
     b, num_tokens, _ = normed.shape
@@ -308,6 +318,160 @@ def copying_score(model: TinyTransformer, inputs: torch.Tensor, layer: int) -> t
     )  # (b, num_heads, num_tokens): inputs[b, j]
     copies = (direct.argmax(dim=-1) == attended_token) & counted[:, None]
     return copies.sum(dim=(0, 2)).float() / counted.sum()  # (num_heads,)
+
+
+#: The inputs of an attention layer that :func:`ablate_head_into` can cut.
+ABLATION_TARGETS = ("queries", "keys", "values")
+
+
+def _check_heads(source_head: object, num_heads: int) -> list[int]:
+    heads = list(source_head) if isinstance(source_head, (tuple, list)) else [source_head]
+    checked = [check_int("source_head", h) for h in heads]
+    if not checked or any(not 0 <= h < num_heads for h in checked):
+        raise ValueError(
+            f"source_head must be a head in 0 .. num_heads - 1 = {num_heads - 1} (or a "
+            f"non-empty tuple of them), got source_head={source_head!r}"
+        )
+    return checked
+
+
+@torch.no_grad()
+def ablate_head_into(
+    model: TinyTransformer,
+    inputs: torch.Tensor,
+    source_layer: int,
+    source_head: int | tuple[int, ...],
+    target_layer: int,
+    into: Iterable[str] = ABLATION_TARGETS,
+    *,
+    return_weights: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Logits with one head's output removed from what a later layer's Q, K or V read.
+
+    Head ``h = source_head`` of block ``source_layer`` adds ``o_h = c_h
+    W^O_h`` to the residual stream (its context vectors times its columns of
+    ``out_proj``; the bias is not the head's and stays). Block
+    ``target_layer`` normally computes its queries, keys and values all from
+    ``norm_1(x)``. Here, for each name in ``into``, that projection reads
+    ``norm_1(x - o_h)`` instead, while the others read ``norm_1(x)`` and the
+    residual stream itself, which carries ``o_h`` on to the later blocks and
+    the unembedding, is left alone. So ``into={"keys"}`` asks: what if the
+    target layer's keys could not see this head (K-composition cut), with
+    everything else as before? ``into=()`` is the ordinary forward pass.
+
+    The head is removed by subtracting its output (zero ablation) from the
+    direct path only: when blocks lie between the two layers, what they made
+    of ``o_h`` stays.
+
+    Args:
+        model: an :class:`attnlib.models.TinyTransformer` with learned or
+            sinusoidal positions (blocks of :class:`attnlib.MultiHeadAttention`).
+            Run in ``eval()`` mode and left in the mode it was in.
+        inputs: token ids, int64 ``(batch, num_tokens)``.
+        source_layer: the block of the removed head, ``0 .. num_layers - 2``.
+        source_head: the head, ``0 .. num_heads - 1``, or a tuple of heads of
+            that block, all removed.
+        target_layer: the block whose inputs lose it, ``source_layer + 1 ..
+            num_layers - 1``.
+        into: the target block's projections that read the stream without the
+            head, a subset of :data:`ABLATION_TARGETS` (``"queries"``,
+            ``"keys"``, ``"values"``). Default: all three.
+        return_weights: keyword-only; also return block ``target_layer``'s
+            attention weights under the ablation. Default ``False``.
+
+    Returns:
+        ``logits``: ``(batch, num_tokens, vocab_size)``; with
+        ``return_weights=True``, ``(logits, attn_weights)`` with
+        ``attn_weights`` ``(batch, num_heads, num_tokens, num_tokens)``.
+
+    Raises:
+        TypeError: ``model`` is not a ``TinyTransformer``, ``inputs`` is not an
+            int64 tensor, a layer or head is not an int, ``into`` is a string,
+            or ``return_weights`` is not a bool.
+        ValueError: a layer or head is out of range, ``target_layer`` is not
+            after ``source_layer``, ``into`` names something other than
+            ``"queries"``, ``"keys"`` or ``"values"``, the model's blocks are
+            not ``MultiHeadAttention`` (RoPE, attention variants, KV sharing),
+            or ``inputs`` is not accepted by the model's ``forward``.
+
+    Source: Elhage et al. (2021), "A Mathematical Framework for Transformer
+    Circuits", section "Two-Layer Attention-Only Transformers": Q-, K- and
+    V-composition, and induction heads formed by K-composition with a
+    previous-token head; ablations of this kind in Olsson et al. (2022),
+    "In-context Learning and Induction Heads".
+    """
+    if not isinstance(model, TinyTransformer):
+        raise TypeError(f"model must be an attnlib.models.TinyTransformer, got {type_name(model)}")
+    source_layer = check_int("source_layer", source_layer)
+    target_layer = check_int("target_layer", target_layer)
+    if not 0 <= source_layer < target_layer < model.num_layers:
+        raise ValueError(
+            f"need 0 <= source_layer < target_layer <= num_layers - 1 = {model.num_layers - 1}, "
+            f"got source_layer={source_layer}, target_layer={target_layer}"
+        )
+    if isinstance(into, str) or not isinstance(into, Iterable):
+        raise TypeError(
+            f"into must be a collection of names from {ABLATION_TARGETS}, got {type_name(into)}"
+            f" into={into!r}"
+        )
+    cut = set(into)
+    if not cut <= set(ABLATION_TARGETS):
+        raise ValueError(
+            f"into may only name {ABLATION_TARGETS}, got {sorted(cut - set(ABLATION_TARGETS))}"
+        )
+    check_bool("return_weights", return_weights)
+    blocks = [cast(TransformerBlock, block) for block in model.blocks]
+    if getattr(model, "kv_sharing", 1) > 1 or not all(
+        type(block.attn) is MultiHeadAttention for block in blocks
+    ):
+        raise ValueError(
+            "ablate_head_into needs blocks of attnlib.MultiHeadAttention (learned or "
+            f"sinusoidal positions, softmax attention, no KV sharing); got {model.extra_repr()}"
+        )
+    heads = _check_heads(source_head, cast(MultiHeadAttention, blocks[0].attn).num_heads)
+    model._check_idx(inputs)
+    was_training = model.training
+    model.eval()
+    try:
+        x = model._add_positions(model.tok_emb(inputs), 0)  # (batch, num_tokens, d_model)
+        removed = torch.zeros_like(x)
+        target_weights = torch.empty(0)  # set at target_layer
+        for layer, block in enumerate(blocks):
+            if layer == source_layer:
+                head_out, _ = _head_outputs_from(block, x)  # (b, num_heads, num_tokens, d_model)
+                removed = head_out[:, heads].sum(dim=1)  # (b, num_tokens, d_model)
+            if layer != target_layer:
+                x = block(x)
+                continue
+            attn = cast(MultiHeadAttention, block.attn)
+            normed = block.norm_1(x)  # (b, num_tokens, d_model)
+            normed_cut = block.norm_1(x - removed)  # the stream without the head
+            b, num_tokens, _ = x.shape
+            projected = []
+            projections = (attn.W_query, attn.W_key, attn.W_value)
+            for name, proj in zip(ABLATION_TARGETS, projections, strict=True):
+                p = proj(normed_cut if name in cut else normed)  # (b, num_tokens, d_out)
+                p = p.view(b, num_tokens, attn.num_heads, attn.head_dim).transpose(1, 2)
+                projected.append(p)  # (b, num_heads, num_tokens, head_dim)
+            queries, keys, values = projected
+            attn_scores = queries @ keys.transpose(2, 3)  # (b, num_heads, num_tokens, num_tokens)
+            allowed = torch.ones(  # True = may attend: the causal mask
+                num_tokens, num_tokens, dtype=torch.bool, device=x.device
+            ).tril()
+            attn_scores = attn_scores.masked_fill(~allowed, float("-inf"))
+            attn_weights = torch.softmax(attn_scores / attn.head_dim**0.5, dim=-1)
+            context_vec = (attn_weights @ values).transpose(1, 2)  # (b, num_tokens, heads, hd)
+            context_vec = context_vec.reshape(b, num_tokens, attn.num_heads * attn.head_dim)
+            x = x + attn.out_proj(context_vec)  # (b, num_tokens, d_model)
+            if block.mlp is not None and block.norm_2 is not None:
+                x = x + block.mlp(block.norm_2(x))  # (b, num_tokens, d_model)
+            target_weights = attn_weights
+        logits = model.out_head(model.final_norm(x))  # (b, num_tokens, vocab_size)
+    finally:
+        model.train(was_training)
+    if return_weights:
+        return logits, target_weights
+    return logits
 
 
 @dataclass

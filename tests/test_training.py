@@ -9,8 +9,10 @@ from attnlib import data
 from attnlib.data import IGNORE_INDEX
 from attnlib.models import TinyTransformer
 from attnlib.training import (
+    ABLATION_TARGETS,
     TrainingHistory,
     _head_outputs,
+    ablate_head_into,
     accuracy,
     copying_score,
     prefix_matching_score,
@@ -414,3 +416,130 @@ def test_previous_token_score_errors():
         previous_token_score(torch.ones(1, 1, 1, 1))
     with pytest.raises(TypeError, match="floating-point"):
         previous_token_score(torch.ones(1, 1, 2, 2, dtype=torch.long))
+
+
+# ---------------------------------------------------------------- ablate_head_into
+
+
+def scaled_model(seed, num_layers=2, d_ff=None):
+    """A random model, its weights scaled up so that every head's output matters,
+    in float64 so that comparisons with another order of operations are tight."""
+    torch.manual_seed(seed)
+    model = TinyTransformer(10, 12, 16, 2, num_layers, d_ff=d_ff)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.mul_(3.0)
+    return model.double().eval()
+
+
+ABLATION_INPUTS = torch.randint(0, 10, (4, 12), generator=torch.Generator().manual_seed(7))
+
+
+@pytest.mark.parametrize("num_layers, d_ff, source, target", [
+    (2, None, 0, 1), (3, None, 0, 2), (3, 24, 1, 2),
+])
+def test_ablating_into_nothing_is_the_ordinary_forward(num_layers, d_ff, source, target):
+    model = scaled_model(0, num_layers, d_ff)
+    logits, weights = ablate_head_into(
+        model, ABLATION_INPUTS, source, 1, target, (), return_weights=True
+    )
+    expected_logits, expected_weights = model(ABLATION_INPUTS, return_weights=True)
+    torch.testing.assert_close(logits, expected_logits)
+    torch.testing.assert_close(weights, expected_weights[target])
+
+
+def test_ablating_into_everything_agrees_with_zeroed_columns_read_by_the_next_layer():
+    """Layer 1's attention reads layer 0's output computed with the head's columns
+    of out_proj set to zero, while the residual stream keeps the head: built here
+    from the model's modules, independently of ablate_head_into."""
+    model = scaled_model(1)
+    silenced = copy.deepcopy(model)
+    with torch.no_grad():
+        silenced.blocks[0].attn.out_proj.weight[:, 8:16] = 0.0  # head 1 of 2, head_dim 8
+        x_0 = model.tok_emb(ABLATION_INPUTS) + model.pos_emb.embedding(torch.arange(12))
+        x_1 = model.blocks[0](x_0)
+        x_1_without = silenced.blocks[0](x_0)
+        block = model.blocks[1]
+        x_2 = x_1 + block.attn(block.norm_1(x_1_without))
+        expected = model.out_head(model.final_norm(x_2))
+    got = ablate_head_into(model, ABLATION_INPUTS, 0, 1, 1, ABLATION_TARGETS)
+    torch.testing.assert_close(got, expected)
+    assert not torch.allclose(got, model(ABLATION_INPUTS), atol=1e-3)  # the head matters
+
+
+def test_each_input_is_cut_alone():
+    """Cutting only the values leaves layer 1's weights as they were; cutting the
+    keys or the queries changes them; the three cuts give three different outputs."""
+    model = scaled_model(2)
+    _, normal = ablate_head_into(model, ABLATION_INPUTS, 0, 0, 1, (), return_weights=True)
+    outputs = {}
+    for name in ABLATION_TARGETS:
+        outputs[name], weights = ablate_head_into(
+            model, ABLATION_INPUTS, 0, 0, 1, {name}, return_weights=True
+        )
+        if name == "values":
+            torch.testing.assert_close(weights, normal)
+        else:
+            assert (weights - normal).abs().max() > 1e-3
+    assert not torch.allclose(outputs["queries"], outputs["keys"], atol=1e-3)
+    assert not torch.allclose(outputs["keys"], outputs["values"], atol=1e-3)
+
+
+def test_ablating_two_heads_removes_the_sum_of_their_outputs():
+    """Removing heads (0, 1) of a two-head layer leaves only out_proj's bias, the
+    same as a copy of the model whose layer-0 out_proj weight is all zero."""
+    model = scaled_model(3)
+    silenced = copy.deepcopy(model)
+    with torch.no_grad():
+        silenced.blocks[0].attn.out_proj.weight.zero_()
+        x_0 = model.tok_emb(ABLATION_INPUTS) + model.pos_emb.embedding(torch.arange(12))
+        x_1, x_1_without = model.blocks[0](x_0), silenced.blocks[0](x_0)
+        block = model.blocks[1]
+        normed, normed_without = block.norm_1(x_1), block.norm_1(x_1_without)
+        # only the keys read the stream without layer 0's heads
+        keys = block.attn.W_key(normed_without)
+        q = block.attn.W_query(normed).view(4, 12, 2, 8).transpose(1, 2)
+        k = keys.view(4, 12, 2, 8).transpose(1, 2)
+        v = block.attn.W_value(normed).view(4, 12, 2, 8).transpose(1, 2)
+        causal = torch.ones(12, 12, dtype=torch.bool).tril()
+        scores = (q @ k.transpose(2, 3) / 8**0.5).masked_fill(~causal, float("-inf"))
+        context = (scores.softmax(dim=-1) @ v).transpose(1, 2).reshape(4, 12, 16)
+        expected = model.out_head(model.final_norm(x_1 + block.attn.out_proj(context)))
+    got = ablate_head_into(model, ABLATION_INPUTS, 0, (0, 1), 1, ["keys"])
+    torch.testing.assert_close(got, expected)
+
+
+def test_ablate_head_into_leaves_the_model_in_its_mode_and_unchanged():
+    model = scaled_model(4).train()
+    before = copy.deepcopy(model.state_dict())
+    ablate_head_into(model, ABLATION_INPUTS, 0, 0, 1, {"keys"})
+    assert model.training
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"model": torch.nn.Linear(2, 2)}, TypeError, "TinyTransformer"),
+    ({"target_layer": 0}, ValueError, "source_layer < target_layer"),
+    ({"source_layer": 1}, ValueError, "source_layer < target_layer"),
+    ({"target_layer": 2}, ValueError, "source_layer < target_layer"),
+    ({"source_layer": 0.0}, TypeError, "source_layer"),
+    ({"source_head": 2}, ValueError, "source_head"),
+    ({"source_head": ()}, ValueError, "source_head"),
+    ({"source_head": "0"}, TypeError, "source_head"),
+    ({"into": "keys"}, TypeError, "into must be a collection"),
+    ({"into": {"key"}}, ValueError, "into may only name"),
+    ({"inputs": ABLATION_INPUTS.float()}, TypeError, "int64"),
+])
+def test_ablate_head_into_errors(kwargs, error, match):
+    args = {"model": scaled_model(5), "inputs": ABLATION_INPUTS, "source_layer": 0,
+            "source_head": 0, "target_layer": 1, "into": {"keys"}} | kwargs
+    with pytest.raises(error, match=match):
+        ablate_head_into(**args)
+
+
+def test_ablate_head_into_refuses_rope():
+    torch.manual_seed(0)
+    model = TinyTransformer(10, 12, 16, 2, 2, positional="rope")
+    with pytest.raises(ValueError, match="MultiHeadAttention"):
+        ablate_head_into(model, ABLATION_INPUTS, 0, 0, 1, {"keys"})
