@@ -35,8 +35,15 @@ the accuracies that :func:`attnlib.training.train` records into a *plateau*
 there to a high one), built on :func:`steps_to_accuracy`, and returns a
 :class:`LearningPhases`.
 
+Chapter 9's measurements on a trained RoPE model (:func:`train_rope_induction`):
+:func:`long_context_accuracy` (accuracy past the trained length with each of
+:data:`ROPE_METHODS`, before and after a short fine-tune) and
+:func:`gqa_from_mha_accuracy` (multi-head attention converted to GQA and MQA by
+:func:`mean_pool_kv_heads`, then uptrained).
+
 The code lives by concept in private modules (``_scaling`` for chapter 3,
-``_initialisation`` for chapter 4, ``_phase_change`` for chapter 10,
+``_initialisation`` for chapter 4, ``_long_context`` for chapter 9,
+``_phase_change`` for chapter 10,
 ``_common`` for what they share); every
 public name is re-exported here, so use ``from attnlib import experiments`` and
 ``experiments.<name>``. The public constants are defined here, before those
@@ -55,6 +62,20 @@ from ._initialisation import (
     MarkedTokenTraining,
     marked_token_batch,
     train_marked_token,
+)
+from ._long_context import (
+    ROPE_METHODS as _ROPE_METHODS,
+)
+from ._long_context import (
+    GQAConversion,
+    LongContextAccuracy,
+    evaluate_induction,
+    gqa_from_mha_accuracy,
+    long_context_accuracy,
+    mean_pool_kv_heads,
+    rope_scaling,
+    set_rope_scaling,
+    train_rope_induction,
 )
 from ._phase_change import (
     LearningPhases,
@@ -85,6 +106,11 @@ INITIALISATIONS = _INITIALISATIONS
 #: The optimisers :func:`train_marked_token` can train with.
 OPTIMIZERS = _OPTIMIZERS
 
+#: The RoPE variants :func:`long_context_accuracy` compares: ``"none"`` (the
+#: trained rotation, run past the trained length), then the ``rope_type`` names
+#: of :class:`attnlib.RotaryPositionalEmbedding`'s ``scaling``.
+ROPE_METHODS = _ROPE_METHODS
+
 __all__ = [
     "DotProductVariance",
     "SoftmaxPeakiness",
@@ -101,4 +127,14 @@ __all__ = [
     "LearningPhases",
     "learning_phases",
     "steps_to_accuracy",
+    "ROPE_METHODS",
+    "LongContextAccuracy",
+    "GQAConversion",
+    "train_rope_induction",
+    "rope_scaling",
+    "set_rope_scaling",
+    "evaluate_induction",
+    "long_context_accuracy",
+    "mean_pool_kv_heads",
+    "gqa_from_mha_accuracy",
 ]
