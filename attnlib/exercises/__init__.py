@@ -26,34 +26,49 @@ from .basics import (
     check_simplified_attention,
     check_softmax,
 )
+from .beyond import check_absorbed_query, check_delta_rule_step, check_sink_softmax
+from .distributed import check_causal_ring_steps, check_lse_merge, check_zigzag_shard
 from .efficient import check_flash_attention, check_online_softmax
+from .kernel import check_block_size, check_delta_kernel, check_logsumexp_kernel
 from .learning import check_prefix_matching_score
 from .llm import check_kv_cache_mask, check_repeat_kv, check_rope
 from .masks import check_causal_attention, check_causal_mask
 from .modules import check_self_attention_v2, check_weight_transfer
 from .multihead import check_merge_heads, check_multi_head_attention
+from .padding import check_cross_attention, check_padding_mask
 from .position import check_sinusoidal_encoding
 from .scaling import check_query_jacobian, check_scaled_scores
 
 __all__ = [
     "CheckFailed",
+    "check_absorbed_query",
+    "check_block_size",
     "check_causal_attention",
     "check_causal_mask",
+    "check_cross_attention",
+    "check_causal_ring_steps",
+    "check_delta_kernel",
+    "check_delta_rule_step",
     "check_flash_attention",
     "check_kv_cache_mask",
+    "check_logsumexp_kernel",
+    "check_lse_merge",
     "check_merge_heads",
     "check_multi_head_attention",
     "check_online_softmax",
+    "check_padding_mask",
     "check_prefix_matching_score",
     "check_qkv_projection",
+    "check_query_jacobian",
     "check_repeat_kv",
     "check_rope",
-    "check_query_jacobian",
     "check_scaled_dot_product_attention",
     "check_scaled_scores",
     "check_self_attention_v2",
     "check_simplified_attention",
+    "check_sink_softmax",
     "check_sinusoidal_encoding",
     "check_softmax",
     "check_weight_transfer",
+    "check_zigzag_shard",
 ]
