@@ -43,26 +43,13 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadfile -o addopts="-ra -p no:cacheprovider" tests \
 	    --ignore=tests/test_book.py --ignore=tests/test_pdf.py --ignore=tests/test_colab.py
 
-# Type-checked with mypy (settings in pyproject.toml). For now only these files:
-# the other modules are being annotated; then replace the line in `lint` by
-# `$(BIN)/mypy`, which checks all of attnlib (pyproject's `files`).
-MYPY_FILES := attnlib/__init__.py attnlib/_validation.py attnlib/_heads.py \
-	attnlib/attention.py attnlib/multihead.py attnlib/gqa.py attnlib/kv_cache.py \
-	attnlib/functional.py attnlib/positional.py attnlib/device.py attnlib/viz.py attnlib/bench \
-	attnlib/training.py attnlib/source.py attnlib/experiments attnlib/interop.py attnlib/exercises/padding.py \
-	attnlib/flash.py attnlib/flash_triton.py attnlib/exercises/kernel.py attnlib/linear_attention.py \
-	attnlib/latent.py attnlib/sparse.py attnlib/sinks.py attnlib/data.py attnlib/exercises/beyond.py \
-	attnlib/exercises/_common.py attnlib/exercises/_attention_modules.py \
-	attnlib/exercises/basics.py attnlib/exercises/efficient.py attnlib/exercises/learning.py \
-	attnlib/exercises/llm.py attnlib/exercises/masks.py attnlib/exercises/modules.py \
-	attnlib/exercises/multihead.py attnlib/exercises/position.py attnlib/exercises/scaling.py
-
-# ruff with flake8-bugbear (settings in pyproject.toml). Notebook code lines stay
-# within the 88 characters that the book's code box shows without cutting.
+# ruff with flake8-bugbear, import sorting and pyupgrade (settings in pyproject.toml).
+# Notebook code lines stay within the 88 characters that the book's code box shows
+# without cutting. mypy type-checks all of attnlib (settings in pyproject.toml).
 lint: $(STAMP)
 	$(BIN)/ruff check attnlib tests _ext
 	$(BIN)/ruff check --line-length 88 chapters
-	$(BIN)/mypy --follow-imports=silent $(MYPY_FILES)
+	$(BIN)/mypy
 
 # Re-execute every notebook in place, top to bottom in a fresh kernel, saving outputs.
 # One notebook: make execute NOTEBOOKS=chapters/03_why_scale.ipynb

@@ -135,8 +135,16 @@ _PYTHON_BUILTINS = {
 }
 
 
+_MATPLOTLIB = {  # viz annotates with Axes, imported for the type checker only
+    "Axes": "https://matplotlib.org/stable/api/_as_gen/matplotlib.axes.Axes.html",
+    "matplotlib.axes.Axes": "https://matplotlib.org/stable/api/_as_gen/matplotlib.axes.Axes.html",
+}
+
+
 def external_url(target: str) -> str | None:
-    """The documentation page of a PyTorch, NumPy or Python name, or None."""
+    """The documentation page of a PyTorch, NumPy, matplotlib or Python name, or None."""
+    if target in _MATPLOTLIB:
+        return _MATPLOTLIB[target]
     if target.startswith("torch.Tensor."):
         return f"{_PYTORCH}generated/{target}.html"
     if target in _SPECIAL_PYTORCH:

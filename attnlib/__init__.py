@@ -55,10 +55,6 @@ from . import (
 )
 from .attention import CausalAttention, SelfAttention_v1, SelfAttention_v2
 from .data import JOURNEY_TOKENS, journey_embeddings
-from .gqa import GroupedQueryAttention
-from .kv_cache import KVCache
-from .latent import MultiHeadLatentAttention
-from .linear_attention import GatedDeltaNet
 from .device import get_device
 from .functional import (
     bottom_right_causal_mask,
@@ -70,18 +66,22 @@ from .functional import (
     softmax,
     softmax_naive,
 )
+from .gqa import GroupedQueryAttention
+from .kv_cache import KVCache
+from .latent import MultiHeadLatentAttention
+from .linear_attention import GatedDeltaNet
+from .models import TinyTransformer, TransformerBlock
+from .multihead import MultiHeadAttention, MultiHeadAttentionWrapper
 from .positional import (
     LearnedPositionalEmbedding,
     RotaryPositionalEmbedding,
     SinusoidalPositionalEncoding,
     sinusoidal_encoding,
 )
-from .models import TinyTransformer, TransformerBlock
-from .multihead import MultiHeadAttention, MultiHeadAttentionWrapper
 from .source import expect, show_source
 from .viz import plot_attention
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "CausalAttention",

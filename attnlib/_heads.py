@@ -31,7 +31,6 @@ from .kv_cache import KVCache
 from .sinks import AttentionSinks, softmax_with_sinks
 
 
-
 def _register_causal_mask(module: nn.Module, context_length: int) -> None:
     """Give ``module`` a bool ``mask`` buffer (True = may attend) that survives loading.
 

@@ -67,7 +67,7 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 """The input dtypes the kernels take; accumulation is always float32."""
 
 HEAD_DIMS = (16, 32, 64, 128)
-"""The head sizes the kernels take: ``tl.arange`` needs a power of two, ``tl.dot`` at least 16."""
+"""The head sizes the kernels take (``tl.arange`` needs a power of two, ``tl.dot`` at least 16)."""
 
 LOG2_E = math.log2(math.e)  # exp(x) == exp2(x * LOG2_E)
 
@@ -644,10 +644,11 @@ def flash_attention_triton_forward(
     natural log, as :func:`attnlib.flash.flash_attention_forward` returns it.
 
     Args:
-        query, key, value, is_causal, scale, block_m, block_n, num_warps,
-            num_stages: as for :func:`flash_attention_triton`: ``(batch,
-            num_heads, num_tokens, head_dim)`` tensors of one dtype, float16,
-            bfloat16 or float32.
+        query, key, value: ``(batch, num_heads, num_tokens, head_dim)`` tensors
+            of one dtype, float16, bfloat16 or float32, as for
+            :func:`flash_attention_triton`.
+        is_causal, scale, block_m, block_n, num_warps, num_stages: as for
+            :func:`flash_attention_triton`.
 
     Returns:
         ``(context_vec, logsumexp)``: ``context_vec``

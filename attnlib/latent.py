@@ -263,7 +263,7 @@ class MultiHeadLatentAttention(nn.Module):
 
     @property
     def cache_numbers_per_token(self) -> int:
-        """Numbers cached per token: ``kv_lora_rank + qk_rope_head_dim``."""
+        """How many numbers the cache keeps per token, ``kv_lora_rank + qk_rope_head_dim``."""
         return self.kv_lora_rank + self.qk_rope_head_dim
 
     def absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -470,8 +470,8 @@ class GatedDeltaNet(nn.Module):
 
     @property
     def state_numbers(self) -> int:
-        """Numbers a decoder keeps per sequence, whatever its length: the delta
-        rule's state plus the convolution's last ``conv_size - 1`` inputs."""
+        """How many numbers a decoder keeps per sequence (whatever its length), the
+        delta rule's state plus the convolution's last ``conv_size - 1`` inputs."""
         channels = self.conv.in_channels
         return self.num_heads * self.head_dim * self.head_dim_v + channels * (self.conv_size - 1)
 

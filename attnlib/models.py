@@ -34,11 +34,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ._validation import check_bool, check_dropout, check_positive_int, type_name
-from .multihead import MultiHeadAttention
 from .gqa import GroupedQueryAttention
 from .kv_cache import KVCache
 from .latent import MultiHeadLatentAttention
 from .linear_attention import GatedDeltaNet, linear_attention
+from .multihead import MultiHeadAttention
 from .positional import (
     LearnedPositionalEmbedding,
     RotaryPositionalEmbedding,
@@ -405,6 +405,8 @@ class TransformerBlock(nn.Module):
             )
         else:
             self.attn = MultiHeadAttention(d_model, d_model, context_length, dropout, num_heads)
+        self.norm_2: nn.LayerNorm | None
+        self.mlp: nn.Sequential | None
         if d_ff is None:
             self.norm_2 = None
             self.mlp = None
@@ -420,7 +422,7 @@ class TransformerBlock(nn.Module):
         return_weights: bool = False,
         *,
         kv_cache: KVCache | None = None,
-    ):
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Run the block on the residual stream ``x``.
 
         Args:
@@ -451,7 +453,7 @@ class TransformerBlock(nn.Module):
         else:
             attn_out = self.attn(self.norm_1(x), kv_cache=kv_cache)
         x = x + attn_out  # (batch, num_tokens, d_model)
-        if self.mlp is not None:
+        if self.mlp is not None and self.norm_2 is not None:
             x = x + self.mlp(self.norm_2(x))  # (batch, num_tokens, d_model)
         if return_weights:
             return x, attn_weights
@@ -473,7 +475,7 @@ class TransformerBlock(nn.Module):
             raise ValueError("forward_shared needs a block built with kv_role set")
         attn_out, kv = self.attn(self.norm_1(x), shared_kv, kv_cache=kv_cache)
         x = x + attn_out  # (batch, num_tokens, d_model)
-        if self.mlp is not None:
+        if self.mlp is not None and self.norm_2 is not None:
             x = x + self.mlp(self.norm_2(x))  # (batch, num_tokens, d_model)
         return x, kv
 
@@ -614,6 +616,7 @@ class TinyTransformer(nn.Module):
         self.kv_sharing = int(kv_sharing)
         self.attention = attention
         self.tok_emb = nn.Embedding(vocab_size, d_model)
+        self.pos_emb: LearnedPositionalEmbedding | SinusoidalPositionalEncoding | None
         if positional == "learned":
             self.pos_emb = LearnedPositionalEmbedding(context_length, d_model)
         elif positional == "sinusoidal":
@@ -674,10 +677,13 @@ class TinyTransformer(nn.Module):
         if self.positional == "rope":  # the attention layers rotate queries and keys
             return x
         positions = torch.arange(start, start + x.shape[1], device=x.device)  # (num_tokens,)
-        if self.positional == "learned":
+        if isinstance(self.pos_emb, LearnedPositionalEmbedding):
             table = self.pos_emb.embedding(positions)  # (num_tokens, d_model)
         else:
-            table = self.pos_emb.encoding[positions].to(x.dtype)  # (num_tokens, d_model)
+            assert self.pos_emb is not None  # "learned" or "sinusoidal", checked in __init__
+            encoding = self.pos_emb.encoding
+            assert isinstance(encoding, torch.Tensor)  # a registered buffer
+            table = encoding[positions].to(x.dtype)  # (num_tokens, d_model)
         return x + table  # (batch, num_tokens, d_model)
 
     def _check_idx(self, idx: object) -> None:
@@ -715,7 +721,7 @@ class TinyTransformer(nn.Module):
         return_weights: bool = False,
         *,
         kv_caches: list[KVCache] | None = None,
-    ):
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """Next-token logits for every position of ``idx``.
 
         Args:
@@ -758,6 +764,7 @@ class TinyTransformer(nn.Module):
         if self.kv_sharing > 1:
             shared_kv = None
             for i, (block, cache) in enumerate(zip(self.blocks, caches, strict=True)):
+                assert isinstance(block, TransformerBlock)  # ModuleList items are Modules
                 producer = self._kv_role(i) == "producer"
                 x, kv = block.forward_shared(
                     x, None if producer else shared_kv, kv_cache=cache if producer else None

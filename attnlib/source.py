@@ -32,7 +32,7 @@ class SourceCode:
     The HTML representation adds syntax highlighting with Pygments' CSS classes
     (``<div class="highlight">``, ``<span class="k">``), so the page's own code
     colours apply: the book's light and dark themes, and JupyterLab's. Source
-    longer than :attr:`COLLAPSE_AFTER` lines is wrapped in a closed
+    longer than ``COLLAPSE_AFTER`` lines is wrapped in a closed
     ``<details>`` element whose summary names the object and its length, so a
     long listing does not push the chapter's text off the screen; the reader
     opens it with a click (the PDF opens every one).
@@ -42,7 +42,7 @@ class SourceCode:
         name: the object's name, for the summary line of a collapsed listing.
         collapse: ``True`` or ``False`` to collapse the HTML listing or not;
             ``None`` (the default) collapses it when it has more than
-            :attr:`COLLAPSE_AFTER` lines.
+            ``COLLAPSE_AFTER`` lines.
 
     Raises:
         TypeError: ``text`` or ``name`` is not a str, or ``collapse`` is not
@@ -71,7 +71,7 @@ class SourceCode:
 
     @property
     def display_text(self) -> str:
-        """The source as a notebook shows it: docstrings without reST markup."""
+        """The source as a notebook shows it, docstrings without reST markup."""
         return _readable_docstrings(self.text)
 
     @property
@@ -267,7 +267,7 @@ def show_source(
         docstring: keep the docstring; ``False`` removes it to show the code only.
         collapse: in the HTML (the book), show the listing closed, under a line
             that names ``obj`` and its length; ``None`` (the default) does so when
-            it has more than :attr:`SourceCode.COLLAPSE_AFTER` lines.
+            it has more than ``SourceCode.COLLAPSE_AFTER`` lines.
 
     Returns:
         A :class:`SourceCode`, which a notebook displays highlighted, with the

@@ -86,7 +86,7 @@ class LightningIndexer(nn.Module):
             ``index_scores``: ``(batch, num_tokens, num_tokens_kv)`` (no mask).
 
         Raises:
-            TypeError, ValueError: as :func:`attnlib._validation.check_input`
+            TypeError, ValueError: as ``attnlib._validation.check_input``
                 for either input.
         """
         check_input(x_query, self.d_in, (3,), like=self.W_query.weight)

@@ -10,11 +10,11 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import pytest
+import torch
 
-import attnlib  # noqa: E402
+import attnlib
 
 
 def test_journey_embeddings_are_the_reference_numbers():

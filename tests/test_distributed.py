@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from attnlib import distributed
+from attnlib.bench import peak_memory_bytes
 from attnlib.distributed import (
     RingStats,
     merge_partials,
@@ -30,7 +31,6 @@ from attnlib.distributed import (
     zigzag_shard,
     zigzag_unshard,
 )
-from attnlib.bench import peak_memory_bytes
 from attnlib.flash import flash_attention_forward
 
 NUM_TOKENS = 24  # splits into 2P equal chunks for P = 1, 2, 3 and 4

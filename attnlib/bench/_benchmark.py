@@ -10,7 +10,6 @@ import os
 import platform
 import statistics
 from collections.abc import Callable, Sequence
-
 from typing import Any
 
 import torch

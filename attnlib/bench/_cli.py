@@ -11,11 +11,10 @@ from collections.abc import Sequence
 import torch
 
 from . import _constants
-from ._constants import CONTESTANTS, MEMORY_SWEEP_SEQ_LENS, MODES
 from ._benchmark import run_benchmark
+from ._constants import CONTESTANTS, MEMORY_SWEEP_SEQ_LENS, MODES
 from ._report import format_sweeps, format_table
 from ._sweeps import plot_memory_sweep, run_kernel_timing, run_memory_sweep
-
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64,
            "float16": torch.float16, "bfloat16": torch.bfloat16}

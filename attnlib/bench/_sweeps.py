@@ -10,11 +10,10 @@ import functools
 import math
 import os
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-
-from typing import Any
 
 from .._validation import check_positive_int as _check_positive_int
 from ..device import get_device
@@ -26,7 +25,6 @@ from ._constants import MEMORY_SWEEP_SEQ_LENS
 from ._contestants import Contestant
 from ._memory import _fmt_bytes, peak_memory_bytes
 from ._timing import _check_warmup, _prepared, _quantiles, _time_prepared
-
 
 _KERNELS = ("reference", "sdpa", "flash_attention")
 

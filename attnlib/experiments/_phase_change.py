@@ -71,7 +71,7 @@ def steps_to_accuracy(
 ) -> int | None:
     """The first step at which the running mean of the accuracy passes ``threshold``.
 
-    Step ``s`` (counted from 1, as :attr:`TrainingHistory.accuracies` is)
+    Step ``s`` (counted from 1, as :attr:`attnlib.training.TrainingHistory.accuracies` is)
     passes when the mean of the accuracies of steps ``max(1, s - window + 1)
     .. s`` is *greater* than ``threshold``. The running mean smooths out the
     noise of single batches; over the first steps it averages the steps there
@@ -138,7 +138,7 @@ def learning_phases(
 
     Args:
         accuracies: one accuracy per step, each in ``[0, 1]``: a list of
-            floats (:attr:`TrainingHistory.accuracies`) or a 1-D tensor.
+            floats (:attr:`attnlib.training.TrainingHistory.accuracies`) or a 1-D tensor.
         low: keyword-only; the accuracy that ends the plateau, in ``[0, 1)``.
             Default 0.2.
         high: keyword-only; the accuracy that ends the rise, in ``(low, 1)``.
