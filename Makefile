@@ -25,7 +25,7 @@ book: $(STAMP)
 	$(BIN)/jupyter-book build -W -n --keep-going .
 
 # The book on one HTML page, printed by Chromium (Playwright, offline) with the print
-# rules of _static/course.css. Then the HTML book is brought up to date: its
+# rules of _static/print.css. Then the HTML book is brought up to date: its
 # introduction links the PDF only where it exists (the book-pdf role, _ext/course_html.py).
 # Jupyter Book's own pdfhtml needs a download of Chromium; this uses the system one.
 pdf: $(STAMP)

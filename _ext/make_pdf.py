@@ -6,7 +6,7 @@ The page is served from 127.0.0.1 and every request off this machine is
 blocked, so the PDF is made offline. Before printing, the script waits for
 MathJax to typeset every formula and for every image to load, opens every
 dropdown (exercise solutions, hidden code), and starts each chapter on a new
-page; ``_static/course.css`` has the print rules that wrap code lines. The HTML
+page; ``_static/print.css`` has the print rules that wrap code lines. The HTML
 book's next build copies the PDF next to its pages and links it from the
 introduction (``make pdf`` runs that build; see ``_ext/course_html.py``).
 """
