@@ -158,6 +158,35 @@ def test_check_agreement_passes_and_catches_a_wrong_contestant():
         bench.check_agreement(wrong, x)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_check_agreement_in_half_precision_allows_rounding_but_not_a_wrong_layer(dtype):
+    """In bfloat16 the readable layer and the fast path differ by a unit in the last
+    place (float32's tolerance rejected that, the crash of `--dtype bfloat16`); a
+    contestant that is off by 3 % is still caught."""
+    contestants = bench.make_contestants(D_MODEL, NUM_HEADS, 32, device="cpu", dtype=dtype)
+    x = _x().to(dtype)
+    if dtype == torch.bfloat16:  # 44 % of the elements differ by up to 0.0039 here
+        with pytest.raises(RuntimeError, match="disagree"):
+            bench.check_agreement(contestants, x, rtol=1e-3, atol=1e-4)
+    bench.check_agreement(contestants, x)  # the dtype's own tolerance
+    wrong = dict(contestants)
+    good = contestants["bare_kernels"].fn
+    wrong["bare_kernels"] = dataclasses.replace(
+        contestants["bare_kernels"], fn=lambda x: good(x) * 1.03)
+    with pytest.raises(RuntimeError, match="'bare_kernels' and 'reference' disagree"):
+        bench.check_agreement(wrong, x)
+
+
+def test_agreement_tolerance_is_two_units_in_the_last_place_but_never_tighter_than_float32s():
+    assert bench.agreement_tolerance(torch.float32) == (1e-3, 1e-4)
+    assert bench.agreement_tolerance(torch.float64) == (1e-3, 1e-4)
+    assert bench.agreement_tolerance(torch.bfloat16) == (2**-6, 2**-6)
+    assert bench.agreement_tolerance(torch.float16) == (2**-9, 2**-9)
+    for bad in (torch.int64, "float32", None):
+        with pytest.raises(TypeError, match="floating-point torch.dtype"):
+            bench.agreement_tolerance(bad)
+
+
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [

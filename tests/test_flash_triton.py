@@ -380,3 +380,40 @@ def test_kernels_leave_the_module_namespace_alone():
     flash_attention_triton(*_good())
     assert "np" not in vars(flash_triton) and "tl" not in vars(flash_triton)
     assert flash_triton._kernels(INTERPRETED).interpret is INTERPRETED
+
+
+def test_the_benchmark_times_the_kernel_beside_torch_and_flash_attention(device):
+    """`python -m attnlib.bench` on a GPU times the Triton kernel in the kernel timing;
+    the kernel is checked against torch's first (here under the interpreter, tiny)."""
+    from attnlib import bench
+
+    result = bench.run_kernel_timing(64, num_heads=1, head_dim=16, block_sizes=(32,), reps=1,
+                                     warmup=0, device=device, triton=True)
+    contestants = [r["contestant"] for r in result["records"]]
+    assert contestants == ["sdpa", "flash_attention", "flash_attention_triton"]
+    assert result["metadata"]["triton"] is True
+    targets = [v["target"] for v in result["verdicts"]]
+    # Only a compiled kernel's time is held to the GPU target; the interpreter's is not.
+    assert ("flash_attention_triton_vs_sdpa" in targets) == (device.type == "cuda")
+    assert "Triton kernel (ch. 11)" in bench.format_sweeps(None, result)
+
+
+def test_the_benchmark_refuses_a_triton_setting_that_is_not_a_bool():
+    from attnlib import bench
+
+    with pytest.raises(TypeError, match="triton must be True, False or None"):
+        bench.run_kernel_timing(64, num_heads=1, head_dim=16, block_sizes=(32,), reps=1,
+                                device="cpu", triton="yes")
+
+
+def test_the_memory_sweep_measures_the_kernel_below_the_scores_it_never_stores(device):
+    from attnlib import bench
+
+    sweep = bench.run_memory_sweep((64, 128), num_heads=1, head_dim=16, block_size=32,
+                                   device=device, triton=True)
+    for record in sweep["records"]:
+        peak = record["flash_attention_triton_peak_bytes"]
+        # The output and one log-sum-exp per row: far below the N x N scores and weights.
+        assert peak is not None and peak < record["predicted_scores_weights_bytes"] / 4, record
+    assert "flash_attention_triton" in sweep["slopes"]
+    assert "Triton kernel" in bench.format_sweeps(sweep, None)

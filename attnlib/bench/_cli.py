@@ -86,6 +86,9 @@ def _parser() -> argparse.ArgumentParser:
                         "--quick: 16 64)")
     p.add_argument("--kernel-reps", type=int, default=None,
                    help="timed repetitions of the kernel timing (default 5; --quick: 2)")
+    p.add_argument("--triton", action=argparse.BooleanOptionalAction, default=None,
+                   help="time chapter 11's Triton kernel in the kernel timing (default: on a "
+                        "CUDA device where Triton imports)")
     return p
 
 
@@ -145,7 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed, log=log)
         kernel = None if args.no_kernel_timing else run_kernel_timing(
             kernel_tokens, num_heads=kernel_heads, block_sizes=kernel_blocks,
-            reps=kernel_reps, warmup=1, device=device, dtype=dtype, seed=args.seed)
+            reps=kernel_reps, warmup=1, device=device, dtype=dtype, seed=args.seed,
+            triton=args.triton)
     except (ValueError, TypeError) as exc:
         parser.error(str(exc))
     result["memory_sweep"] = memory

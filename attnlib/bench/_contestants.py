@@ -345,12 +345,40 @@ def make_contestants(
     return {name: build[name]() for name in CONTESTANTS if name in wanted}
 
 
+def agreement_tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """The ``(rtol, atol)`` within which two implementations of attention agree in ``dtype``.
+
+    Two correct implementations round differently: they sum in another order,
+    and one may keep an intermediate (the scores, the weights) in ``dtype``
+    where the other keeps it in float32. Their outputs, of magnitude about 1,
+    then differ by a unit or two in the last place. The tolerance is two units
+    in the last place at 1 (``2 * torch.finfo(dtype).eps``), and never tighter
+    than ``rtol=1e-3, atol=1e-4``: float32 and float64 get ``(1e-3, 1e-4)``,
+    float16 ``(1.95e-3, 1.95e-3)``, bfloat16 ``(1.56e-2, 1.56e-2)`` (its 8-bit
+    significand: on the CPU attnlib's layer and the readable one differed by
+    0.0039, one unit at 0.5-1, which float32's tolerance rejected).
+
+    Args:
+        dtype: a floating-point torch dtype.
+
+    Returns:
+        ``(rtol, atol)`` for :func:`torch.testing.assert_close`.
+
+    Raises:
+        TypeError: ``dtype`` is not a floating-point ``torch.dtype``.
+    """
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    two_ulps = 2 * torch.finfo(dtype).eps
+    return max(1e-3, two_ulps), max(1e-4, two_ulps)
+
+
 def check_agreement(
     contestants: dict[str, Contestant],
     x: torch.Tensor,
     *,
-    rtol: float = 1e-3,
-    atol: float = 1e-4,
+    rtol: float | None = None,
+    atol: float | None = None,
 ) -> None:
     """Check that the full-layer contestants compute the same function.
 
@@ -361,11 +389,11 @@ def check_agreement(
     Args:
         contestants: from :func:`make_contestants`.
         x: input ``(batch, num_tokens, d_model)``.
-        rtol: relative tolerance.
-        atol: absolute tolerance.
+        rtol: relative tolerance; None: :func:`agreement_tolerance` of ``x.dtype``.
+        atol: absolute tolerance; None: :func:`agreement_tolerance` of ``x.dtype``.
 
     Raises:
-        TypeError: ``x`` is not a tensor.
+        TypeError: ``x`` is not a floating-point tensor.
         ValueError: ``x`` is not 3-dimensional.
         RuntimeError: two contestants disagree (the message names them).
     """
@@ -373,6 +401,9 @@ def check_agreement(
         raise TypeError(f"x must be a torch.Tensor, got {type_name(x)}")
     if x.ndim != 3:
         raise ValueError(f"x must be (batch, num_tokens, d_model), got shape {tuple(x.shape)}")
+    default_rtol, default_atol = agreement_tolerance(x.dtype)
+    rtol = default_rtol if rtol is None else rtol
+    atol = default_atol if atol is None else atol
     first_name, first = None, None
     with torch.no_grad():
         for name, c in contestants.items():

@@ -29,16 +29,20 @@ def format_sweeps(memory: dict[str, Any] | None, kernel: dict[str, Any] | None) 
                   f"{meta['dtype']}, causal={meta['is_causal']}, flash block_size="
                   f"{meta['block_size']}; peak above the inputs",
                   f"{'N':>6} {'scores+weights':>15} {'readable':>13} {'torch fused':>12} "
-                  f"{'flash_attention':>16}"]
+                  f"{'flash_attention':>16}"
+                  + (f" {'Triton kernel':>14}" if meta.get("triton") else "")]
         for r in memory["records"]:
             readable = (_fmt_bytes(r["reference_peak_bytes"]) if r["reference_peak_bytes"]
                         is not None else "~" + _fmt_bytes(r["reference_extrapolated_bytes"]))
             lines.append(f"{r['seq_len']:>6} {_fmt_bytes(r['predicted_scores_weights_bytes']):>15}"
                          f" {readable:>13} {_fmt_bytes(r['sdpa_peak_bytes']):>12} "
-                         f"{_fmt_bytes(r['flash_attention_peak_bytes']):>16}")
+                         f"{_fmt_bytes(r['flash_attention_peak_bytes']):>16}"
+                         + (f" {_fmt_bytes(r['flash_attention_triton_peak_bytes']):>14}"
+                            if "flash_attention_triton_peak_bytes" in r else ""))
         slopes = memory["slopes"]
         lines.append("log-log slopes: " + ", ".join(
-            f"{k} {_fmt(slopes[k], '.2f')}" for k in _KERNELS)
+            f"{k} {_fmt(slopes[k], '.2f')}" for k in (*_KERNELS, "flash_attention_triton")
+            if k in slopes)
             + f" (sdpa and flash over N in {slopes['upper_seq_lens']}); '~' = extrapolated")
     if kernel is not None:
         meta = kernel["metadata"]
@@ -46,8 +50,8 @@ def format_sweeps(memory: dict[str, Any] | None, kernel: dict[str, Any] | None) 
                   f"d={meta['head_dim']}, batch={meta['batch']}, causal={meta['is_causal']}, "
                   f"{meta['dtype']}, reps={meta['reps']}"]
         for r in kernel["records"]:
-            label = "torch sdpa" if r["block_size"] is None else (
-                f"flash_attention(block_size={r['block_size']})")
+            label = {"sdpa": "torch sdpa", "flash_attention_triton": "Triton kernel (ch. 11)"}.get(
+                r["contestant"], f"flash_attention(block_size={r['block_size']})")
             lines.append(f"  {label:<32} median {r['median_ms']:9.1f} ms  "
                          f"IQR {r['q3_ms'] - r['q1_ms']:7.1f} ms  x{r['time_vs_sdpa']:.2f}")
     verdicts = [*(memory or {}).get("verdicts", []), *(kernel or {}).get("verdicts", [])]

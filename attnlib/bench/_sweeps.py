@@ -7,6 +7,7 @@ and ``flash_attention``'s time per block size against torch's fused kernel
 from __future__ import annotations
 
 import functools
+import importlib.util
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -18,11 +19,12 @@ import torch.nn.functional as F
 from .._validation import check_positive_int as _check_positive_int
 from ..device import get_device
 from ..flash import DEFAULT_BLOCK_SIZE, flash_attention
+from ..flash_triton import flash_attention_triton
 from ..functional import scaled_dot_product_attention as _readable
 from . import _constants
 from ._benchmark import _check_seq_lens
 from ._constants import MEMORY_SWEEP_SEQ_LENS
-from ._contestants import Contestant
+from ._contestants import Contestant, agreement_tolerance
 from ._memory import _fmt_bytes, peak_memory_bytes
 from ._timing import _check_warmup, _prepared, _quantiles, _time_prepared
 
@@ -76,6 +78,7 @@ def run_memory_sweep(
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
     log: Callable[[str], None] | None = None,
+    triton: bool | None = None,
 ) -> dict[str, Any]:
     """Peak memory of one attention call against the number of tokens N.
 
@@ -89,7 +92,9 @@ def run_memory_sweep(
       ``max_reference_tokens`` and extrapolated beyond with the power law
       fitted to the measured points (``reference_extrapolated_bytes``);
     * ``sdpa`` - :func:`torch.nn.functional.scaled_dot_product_attention`;
-    * ``flash_attention`` - :func:`attnlib.functional.flash_attention`.
+    * ``flash_attention`` - :func:`attnlib.functional.flash_attention`;
+    * with ``triton``, ``flash_attention_triton`` - chapter 11's kernel,
+      :func:`attnlib.flash_triton.flash_attention_triton`.
 
     The N² term is predicted: scores and weights need
     ``2 * num_heads * N**2 * element_size`` bytes.
@@ -107,13 +112,16 @@ def run_memory_sweep(
         dtype: floating-point dtype. Default float32.
         seed: seed of the inputs.
         log: called with one progress line per N; None is silent.
+        triton: measure the Triton kernel too. None (default): on a CUDA device
+            where Triton can be imported (see :func:`run_kernel_timing`).
 
     Returns:
         A JSON-ready dict: ``metadata`` (the arguments, ``device``,
         ``element_size``); ``records``, one per N: ``seq_len``,
         ``input_bytes``, ``predicted_scores_weights_bytes``, and
         ``reference_peak_bytes`` (None where not run), ``sdpa_peak_bytes``,
-        ``flash_attention_peak_bytes``, ``reference_extrapolated_bytes``
+        ``flash_attention_peak_bytes`` (and ``flash_attention_triton_peak_bytes``
+        with ``triton``), ``reference_extrapolated_bytes``
         (None where measured); ``slopes``: the log-log slope of each kernel's
         peak against N (:func:`loglog_slope`; for ``flash_attention`` and
         ``sdpa`` over the upper half of the N, where the part that grows with
@@ -135,7 +143,8 @@ def run_memory_sweep(
         _check_positive_int(name, value)
     device = torch.device(device) if device is not None else get_device()
     element_size = torch.empty((), dtype=dtype).element_size()
-    calls = _memory_calls(is_causal, block_size)
+    triton = _use_triton(triton, device)
+    calls = _memory_calls(is_causal, block_size, triton=triton)
     records = []
     for num_tokens in seq_lens:
         qkv = _attention_inputs(1, num_heads, num_tokens, head_dim, device, dtype,
@@ -145,7 +154,7 @@ def run_memory_sweep(
         records.append(record)
         if log is not None:
             parts = ", ".join(f"{name} {_fmt_bytes(record[f'{name}_peak_bytes'])}"
-                              for name in _KERNELS)
+                              for name in calls)
             log(f"memory N={num_tokens}: {parts}")
     fit = _extrapolate_reference(records)
     slopes = _memory_slopes(records, fit)
@@ -155,6 +164,7 @@ def run_memory_sweep(
             "element_size": element_size, "batch": 1, "num_heads": num_heads,
             "head_dim": head_dim, "is_causal": is_causal, "block_size": block_size,
             "max_reference_tokens": max_reference_tokens, "seq_lens": seq_lens,
+            "triton": triton,
             "memory_method": "peak_memory_bytes under torch.inference_mode, above the inputs",
         },
         "records": records,
@@ -184,9 +194,9 @@ def _memory_record(calls: dict[str, Callable[..., object]], qkv: tuple[torch.Ten
     return record
 
 
-def _memory_calls(is_causal: bool,
-                  block_size: int) -> dict[str, Callable[..., object]]:
-    """The three kernels of the memory sweep, each called as ``call(q, k, v)``."""
+def _memory_calls(is_causal: bool, block_size: int, *,
+                  triton: bool) -> dict[str, Callable[..., object]]:
+    """The kernels of the memory sweep, each called as ``call(q, k, v)``."""
 
     def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> object:
         return _readable(q, k, v, is_causal=is_causal, return_weights=True)
@@ -197,7 +207,11 @@ def _memory_calls(is_causal: bool,
     def flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> object:
         return flash_attention(q, k, v, is_causal=is_causal, block_size=block_size)
 
-    return {"reference": reference, "sdpa": sdpa, "flash_attention": flash}
+    calls = {"reference": reference, "sdpa": sdpa, "flash_attention": flash}
+    if triton:
+        calls["flash_attention_triton"] = functools.partial(flash_attention_triton,
+                                                            is_causal=is_causal)
+    return calls
 
 
 def _extrapolate_reference(records: list[dict[str, Any]]) -> dict[str, float] | None:
@@ -227,6 +241,9 @@ def _memory_slopes(records: list[dict[str, Any]],
         "reference": None if fit is None else fit["exponent"],
         "sdpa": loglog_slope(ns, [r["sdpa_peak_bytes"] for r in upper]),
         "flash_attention": loglog_slope(ns, [r["flash_attention_peak_bytes"] for r in upper]),
+        **({"flash_attention_triton": loglog_slope(
+            ns, [r["flash_attention_triton_peak_bytes"] for r in upper])}
+           if "flash_attention_triton_peak_bytes" in records[0] else {}),
         "upper_seq_lens": ns,
     }
 
@@ -265,6 +282,7 @@ def run_kernel_timing(
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
+    triton: bool | None = None,
 ) -> dict[str, Any]:
     """Time :func:`attnlib.functional.flash_attention` against torch's fused kernel.
 
@@ -273,7 +291,10 @@ def run_kernel_timing(
     :func:`time_contestants` (interleaved round-robin, median of ``reps``).
     Contestants: ``sdpa`` (:func:`torch.nn.functional.scaled_dot_product_attention`,
     which on the CPU dispatches to its fused flash kernel) and one
-    ``flash_attention`` per block size. Both are checked to agree first.
+    ``flash_attention`` per block size, and with ``triton`` chapter 11's
+    kernel, :func:`attnlib.flash_triton.flash_attention_triton`
+    (``flash_attention_triton``). All are checked to agree first, within
+    :func:`agreement_tolerance` of the dtype.
 
     Args:
         num_tokens: N. Default 4096.
@@ -288,18 +309,28 @@ def run_kernel_timing(
         device: default :func:`attnlib.get_device`.
         dtype: floating-point dtype. Default float32.
         seed: seed of the inputs.
+        triton: time the Triton kernel too. None (default): on a CUDA device
+            where Triton can be imported. On a CPU it needs Triton's interpreter
+            (``TRITON_INTERPRET=1`` before Triton is imported), and its time is
+            then the interpreter's, not a kernel's.
 
     Returns:
         A JSON-ready dict: ``metadata``; ``records``, one per contestant:
-        ``contestant``, ``block_size`` (None for ``sdpa``), ``median_ms``,
+        ``contestant`` (``sdpa``, ``flash_attention`` or
+        ``flash_attention_triton``), ``block_size`` (None but for
+        ``flash_attention``), ``median_ms``,
         ``q1_ms``, ``q3_ms``, ``times_ms``, ``time_vs_sdpa``; ``best_block_size``;
         ``verdicts``: one, ``flash_attention_vs_sdpa``, the best block size's
-        time ratio against :data:`TARGET_FLASH_VS_SDPA` (3x).
+        time ratio against :data:`TARGET_FLASH_VS_SDPA` (3x), and on a CUDA
+        device with the Triton kernel a second, ``flash_attention_triton_vs_sdpa``,
+        against :data:`TARGET_TRITON_VS_SDPA` (0.85x).
 
     Raises:
         TypeError, ValueError: a size, ``reps`` or a block size is not a
-            positive int, or ``block_sizes`` is empty.
-        RuntimeError: flash_attention and torch's kernel disagree.
+            positive int, ``block_sizes`` is empty, or ``triton`` is not a bool
+            or None.
+        ImportError: ``triton=True`` and Triton is not installed.
+        RuntimeError: a contestant and torch's kernel disagree.
     """
     for name, value in (("num_tokens", num_tokens), ("num_heads", num_heads),
                         ("head_dim", head_dim), ("batch", batch), ("reps", reps)):
@@ -309,30 +340,47 @@ def run_kernel_timing(
         raise ValueError(f"block_sizes must be a non-empty sequence of ints, got {block_sizes!r}")
     block_sizes = [_check_positive_int("block_size", b) for b in block_sizes]
     device = torch.device(device) if device is not None else get_device()
+    triton = _use_triton(triton, device)
     q, k, v = _attention_inputs(batch, num_heads, num_tokens, head_dim, device, dtype, seed)
-    built = _kernel_contestants((q, k, v), is_causal, block_sizes)
+    built = _kernel_contestants((q, k, v), is_causal, block_sizes, triton=triton)
     prepared = {name: _prepared(c, (q, k, v), "forward", None) for name, c in built.items()}
     records = _kernel_records(_time_prepared(prepared, reps, warmup))
     best = min((r for r in records if r["contestant"] == "flash_attention"),
                key=lambda r: r["median_ms"])
+    verdicts = [{"target": "flash_attention_vs_sdpa", "seq_len": num_tokens,
+                 "value": best["time_vs_sdpa"], "threshold": _constants.TARGET_FLASH_VS_SDPA,
+                 "passed": best["time_vs_sdpa"] <= _constants.TARGET_FLASH_VS_SDPA}]
+    kernel = next((r for r in records if r["contestant"] == "flash_attention_triton"), None)
+    if kernel is not None and device.type == "cuda":
+        verdicts.append({
+            "target": "flash_attention_triton_vs_sdpa", "seq_len": num_tokens,
+            "value": kernel["time_vs_sdpa"], "threshold": _constants.TARGET_TRITON_VS_SDPA,
+            "passed": kernel["time_vs_sdpa"] <= _constants.TARGET_TRITON_VS_SDPA})
     return {
         "metadata": {"device": str(device), "dtype": str(dtype).removeprefix("torch."),
                      "batch": batch, "num_heads": num_heads, "num_tokens": num_tokens,
                      "head_dim": head_dim, "is_causal": is_causal, "block_sizes": block_sizes,
                      "reps": reps, "warmup": warmup, "num_threads": torch.get_num_threads(),
-                     "mode": "forward under torch.inference_mode"},
+                     "triton": triton, "mode": "forward under torch.inference_mode"},
         "records": records,
         "best_block_size": best["block_size"],
-        "verdicts": [{"target": "flash_attention_vs_sdpa", "seq_len": num_tokens,
-                      "value": best["time_vs_sdpa"], "threshold": _constants.TARGET_FLASH_VS_SDPA,
-                      "passed": best["time_vs_sdpa"] <= _constants.TARGET_FLASH_VS_SDPA}],
+        "verdicts": verdicts,
     }
 
 
+def _use_triton(triton: object, device: torch.device) -> bool:
+    """``triton`` as given, or (None) whether ``device`` is CUDA and Triton imports."""
+    if triton is None:
+        return device.type == "cuda" and importlib.util.find_spec("triton") is not None
+    if not isinstance(triton, bool):
+        raise TypeError(f"triton must be True, False or None, got {triton!r}")
+    return triton
+
+
 def _kernel_contestants(qkv: tuple[torch.Tensor, ...], is_causal: bool,
-                        block_sizes: list[int]) -> dict[str, Contestant]:
-    """torch's kernel (``sdpa``) and one ``flash_attention`` per block size, checked to
-    agree on the first 256 tokens of ``qkv``."""
+                        block_sizes: list[int], *, triton: bool) -> dict[str, Contestant]:
+    """torch's kernel (``sdpa``), one ``flash_attention`` per block size and, with
+    ``triton``, chapter 11's kernel, checked to agree on the first 256 tokens of ``qkv``."""
 
     def inputs(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return qkv
@@ -350,12 +398,20 @@ def _kernel_contestants(qkv: tuple[torch.Tensor, ...], is_causal: bool,
         built[f"flash_attention_b{b}"] = Contestant(
             f"flash_attention_b{b}", f"flash_attention(block_size={b})", flash, inputs, (),
             full_layer=False)
+    if triton:
+        def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return flash_attention_triton(q, k, v, is_causal=is_causal)
+
+        built["flash_attention_triton"] = Contestant(
+            "flash_attention_triton", "flash_attention_triton (Triton kernel)", kernel, inputs,
+            (), full_layer=False)
     with torch.inference_mode():
         check = tuple(t[..., :256, :] for t in qkv)
         expected = sdpa(*check)
+        rtol, atol = agreement_tolerance(expected.dtype)
         for name, c in built.items():
             try:
-                torch.testing.assert_close(c.fn(*check), expected, rtol=1e-3, atol=1e-4)
+                torch.testing.assert_close(c.fn(*check), expected, rtol=rtol, atol=atol)
             except AssertionError as exc:
                 raise RuntimeError(f"{name} and sdpa disagree: {exc}") from None
     return built
@@ -367,9 +423,10 @@ def _kernel_records(times: dict[str, list[float]]) -> list[dict[str, Any]]:
     records = []
     for name, t in times.items():
         q1, median, q3 = _quantiles(t)
+        blocked = name.startswith("flash_attention_b")
         records.append({
-            "contestant": "sdpa" if name == "sdpa" else "flash_attention",
-            "block_size": None if name == "sdpa" else int(name.rsplit("_b", 1)[1]),
+            "contestant": "flash_attention" if blocked else name,
+            "block_size": int(name.rsplit("_b", 1)[1]) if blocked else None,
             "median_ms": median * 1e3, "q1_ms": q1 * 1e3, "q3_ms": q3 * 1e3,
             "times_ms": [x * 1e3 for x in t], "time_vs_sdpa": median / sdpa_median,
         })
@@ -419,6 +476,9 @@ def plot_memory_sweep(sweep: dict[str, Any], path: str | os.PathLike[str]) -> st
         ax.plot(ns, series("sdpa_peak_bytes"), "s-", color="C1", label="torch fused kernel")
         ax.plot(ns, series("flash_attention_peak_bytes"), "^-", color="C2",
                 label="attnlib flash_attention")
+        if "flash_attention_triton_peak_bytes" in records[0]:
+            ax.plot(ns, series("flash_attention_triton_peak_bytes"), "v-", color="C3",
+                    label="Triton kernel (chapter 11)")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
         ax.set_xlabel("tokens N")
