@@ -22,6 +22,9 @@ Functions are grouped by concept, not by chapter:
   DeltaNet, in recurrent, parallel and chunked forms.
 * :mod:`attnlib.sparse` - DeepSeek Sparse Attention: an indexer and top-k keys.
 * :mod:`attnlib.sinks` - attention sinks and QK-norm.
+* :mod:`attnlib.variants` - chapter 13's attention variants as blocks of
+  ``TinyTransformer`` (linear, Gated DeltaNet, MLA, sparse, shared KV) and the
+  cache each keeps per sequence.
 * :mod:`attnlib.models` - ``TinyTransformer``, the small decoder-only model
   chapter 10 trains.
 * :mod:`attnlib.training` - a seeded training loop that records losses and
@@ -51,6 +54,7 @@ from . import (
     sinks,
     sparse,
     training,
+    variants,
     viz,
 )
 from .attention import CausalAttention, SelfAttention_v1, SelfAttention_v2
@@ -125,6 +129,7 @@ __all__ = [
     "softmax_naive",
     "sparse",
     "training",
+    "variants",
     "viz",
     "__version__",
 ]

@@ -362,7 +362,7 @@ def test_kv_sharing_bad_arguments():
 
 
 def test_cache_bytes_at_llama_3_8b_shape():
-    from attnlib.models import (
+    from attnlib.variants import (
         cache_bytes,
         latent_cache_numbers,
         linear_state_numbers,
@@ -397,7 +397,7 @@ def test_variant_shapes_and_modules(attention):
     logits = model(tokens(3, 10))
     assert logits.shape == (3, 10, 11)
     assert torch.isfinite(logits).all()
-    from attnlib.models import VariantAttention
+    from attnlib.variants import VariantAttention
     assert all(isinstance(b.attn, VariantAttention) for b in model.blocks)
     assert f"attention='{attention}'" in repr(model)
 
@@ -449,7 +449,7 @@ def test_variant_generate_recomputes_without_cache(attention):
 
 def test_sparse_variant_keeps_top_k_keys_only():
     torch.manual_seed(0)
-    from attnlib.models import VariantAttention
+    from attnlib.variants import VariantAttention
     layer = VariantAttention("sparse", 16, 16, 2, top_k=16).double()
     x = torch.randn(2, 10, 16, dtype=torch.float64)
     # With top_k >= num_tokens every visible key is kept: plain causal attention.
@@ -472,7 +472,7 @@ def test_variant_arguments():
     for kwargs in ({"kv_sharing": 2}, {"dropout": 0.1}, {"positional": "rope"}):
         with pytest.raises(ValueError, match="attention='linear' needs"):
             TinyTransformer(11, 16, 16, 2, 2, attention="linear", **kwargs)
-    from attnlib.models import VariantAttention
+    from attnlib.variants import VariantAttention
     with pytest.raises(ValueError, match="kind must be one of"):
         VariantAttention("softmax", 16, 16, 2)
     with pytest.raises(ValueError, match="not divisible"):

@@ -1,0 +1,402 @@
+"""Ring attention: the merge of partial results and the ring's forward and backward passes
+(see :mod:`attnlib.distributed`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .._validation import (
+    check_positive_int,
+    check_sdpa_inputs,
+    type_name,
+)
+from ..flash import flash_attention_forward
+from ._schedule import _step_slices, ring_schedule
+from ._sharding import _DEFAULT_BLOCK_SIZE, _check_layout
+
+# ---------------------------------------------------------------------------------------
+# The merge
+
+
+def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
+                   lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over the keys of two parts, from each part's result and log-sum-exp.
+
+    If ``out_a`` is the attention of some queries over one set of keys and ``lse_a`` the
+    log of each row's softmax denominator, ``log sum_j exp(s_ij)``, and likewise for a
+    second, disjoint set of keys, then over both sets ``lse = log(e^lse_a + e^lse_b)``
+    (``torch.logaddexp``, stable) and ``out = e^(lse_a - lse) out_a + e^(lse_b - lse)
+    out_b``. In chapter 8's terms ``lse = m + log l``: the weights rescale each part's
+    sum to the joint maximum. A part that saw no key (``lse = -inf``) gets weight 0;
+    if neither did, the row is 0 with ``lse = -inf``.
+
+    Args:
+        out_a, out_b: ``(..., num_tokens_q, d_v)``, floating point.
+        lse_a, lse_b: ``(..., num_tokens_q, 1)``, the dtype of the outputs (or float32).
+
+    Returns:
+        ``(out, lse)`` of the same shapes.
+
+    Raises:
+        TypeError: an argument is not a floating-point tensor.
+        ValueError: the shapes disagree.
+
+    Source: Milakov and Gimelshein (2018), "Online normalizer calculation for softmax",
+    Algorithm 3; Liu et al. (2023), section 3 (blockwise attention across devices).
+    """
+    for name, t in (("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {type_name(t)}")
+    lse_shape = (*out_a.shape[:-1], 1)
+    if out_a.ndim < 1 or out_b.shape != out_a.shape or tuple(lse_a.shape) != lse_shape \
+            or tuple(lse_b.shape) != lse_shape:
+        raise ValueError(
+            f"expected out_a and out_b of one shape (..., n, d_v) and lse_a, lse_b of shape "
+            f"(..., n, 1), got {tuple(out_a.shape)}, {tuple(lse_a.shape)}, "
+            f"{tuple(out_b.shape)}, {tuple(lse_b.shape)}")
+    lse = torch.logaddexp(lse_a, lse_b)
+    safe = lse.masked_fill(lse == -math.inf, 0.0)  # rows that saw no key at all
+    out = torch.exp(lse_a - safe) * out_a + torch.exp(lse_b - safe) * out_b
+    return out, lse
+
+
+# ---------------------------------------------------------------------------------------
+# The ring
+
+
+@dataclass
+class RingStats:
+    """What one rank did in :func:`ring_attention` calls: pass one as ``stats=`` to count.
+
+    ``bytes_sent`` (forward) and ``backward_bytes_sent`` count the bytes of every tensor
+    this rank sends point to point (not the small shape check before the ring);
+    ``score_blocks`` and ``backward_score_blocks`` the ``(n, n)`` blocks of scores it
+    computes (a half block counts 0.5); ``skipped_blocks`` the forward steps it skips.
+    """
+
+    bytes_sent: int = 0
+    backward_bytes_sent: int = 0
+    score_blocks: float = 0.0
+    backward_score_blocks: float = 0.0
+    skipped_blocks: int = 0
+    steps: list[str] = field(default_factory=list)
+
+
+class _Ring:
+    """Point-to-point exchanges with the ring's neighbours: send to ``rank + 1``,
+    receive from ``rank - 1``, several tensors in one ``batch_isend_irecv``."""
+
+    def __init__(self, group: Any, rank: int, world_size: int) -> None:
+        world: Any = group if group is not None else dist.group.WORLD
+        self.group, self.rank, self.world_size = group, rank, world_size
+        self.next = dist.get_global_rank(world, (rank + 1) % world_size)
+        self.prev = dist.get_global_rank(world, (rank - 1) % world_size)
+
+    def start(self, tensors: Sequence[torch.Tensor]) -> tuple[list, list[torch.Tensor], int]:
+        """Post the sends and receives; return (requests, receive buffers, bytes sent)."""
+        buffers = [torch.empty_like(t) for t in tensors]
+        ops = [dist.P2POp(dist.isend, t, self.next, self.group) for t in tensors]
+        ops += [dist.P2POp(dist.irecv, b, self.prev, self.group) for b in buffers]
+        sent = sum(t.numel() * t.element_size() for t in tensors)
+        return dist.batch_isend_irecv(ops), buffers, sent
+
+    @staticmethod
+    def finish(pending: tuple[list, list[torch.Tensor], int]) -> list[torch.Tensor]:
+        for request in pending[0]:
+            request.wait()
+        return pending[1]
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _merge_into(out: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor,
+                part_lse: torch.Tensor) -> None:
+    """:func:`merge_partials` written into the running ``out`` and ``lse`` (views), with no
+    temporary of ``out``'s size: the ring's working memory stays two such tensors."""
+    new_lse = torch.logaddexp(lse, part_lse)
+    safe = new_lse.masked_fill(new_lse == -math.inf, 0.0)
+    out.mul_(torch.exp(lse - safe)).addcmul_(torch.exp(part_lse - safe), part_out)
+    lse.copy_(new_lse)
+
+
+def _ring_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  is_causal: bool, scale: float, ring: _Ring, layout: str, block_size: int,
+                  stats: RingStats | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each step: post the exchange of the key/value block, compute with the block held,
+    merge, then wait for the next block (the transfer overlaps the computation)."""
+    dtype = _compute_dtype(query.dtype)
+    n = query.shape[-2]
+    out = torch.zeros((*query.shape[:-1], value.shape[-1]), dtype=dtype, device=query.device)
+    lse = torch.full((*query.shape[:-1], 1), -math.inf, dtype=dtype, device=query.device)
+    k_block, v_block = key.contiguous(), value.contiguous()
+    for step, planned in enumerate(ring_schedule(ring.world_size, is_causal, layout)[ring.rank]):
+        pending = ring.start([k_block, v_block]) if step + 1 < ring.world_size else None
+        if stats is not None:
+            stats.bytes_sent += pending[2] if pending else 0
+            stats.score_blocks += planned.work
+            stats.skipped_blocks += planned.kind == "skip"
+            stats.steps.append(planned.kind)
+        if planned.kind != "skip":
+            rows, cols, causal = _step_slices(planned.kind, n)
+            part_out, part_lse = flash_attention_forward(
+                query[..., rows, :].to(dtype), k_block[..., cols, :].to(dtype),
+                v_block[..., cols, :].to(dtype), causal, scale, block_size=block_size)
+            _merge_into(out[..., rows, :], lse[..., rows, :], part_out, part_lse)
+            del part_out, part_lse  # not alive during the next step's computation
+        if pending is not None:
+            k_block, v_block = ring.finish(pending)
+            # The finished sends still hold the block just sent: let it go now, not when
+            # the next step's exchange replaces them.
+            pending = None
+    return out.to(query.dtype), lse
+
+
+def _block_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    grad_out: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
+                    causal: bool, scale: float, block_size: int, grad_q: torch.Tensor,
+                    grad_k: torch.Tensor, grad_v: torch.Tensor) -> None:
+    """Add one step's gradients into ``grad_q`` (query rows) and ``grad_k``, ``grad_v``
+    (key rows), tile by tile, from ``P = exp(S - L)`` with the global log-sum-exp ``L``."""
+    dtype = lse.dtype
+    num_q, num_k = q.shape[-2], k.shape[-2]
+    for k0 in range(0, num_k, block_size):
+        k1 = min(k0 + block_size, num_k)
+        k_t, v_t = k[..., k0:k1, :].to(dtype), v[..., k0:k1, :].to(dtype)
+        for q0 in range(k0 if causal else 0, num_q, block_size):
+            q1 = min(q0 + block_size, num_q)
+            q_t, do_t = q[..., q0:q1, :].to(dtype), grad_out[..., q0:q1, :]
+            scores = (q_t @ k_t.transpose(-2, -1)) * scale  # (..., Bq, Bk), as the forward's
+            if causal and k1 - 1 > q0:  # the tile crosses the diagonal
+                rows = torch.arange(q0, q1, device=q.device).unsqueeze(-1)
+                scores = scores.masked_fill(torch.arange(k0, k1, device=q.device) > rows,
+                                            -math.inf)
+            probs = torch.exp(scores - lse[..., q0:q1, :])  # the final attention weights
+            grad_v[..., k0:k1, :] += probs.transpose(-2, -1) @ do_t
+            grad_scores = probs * (do_t @ v_t.transpose(-2, -1) - delta[..., q0:q1, :]) * scale
+            grad_q[..., q0:q1, :] += grad_scores @ k_t
+            grad_k[..., k0:k1, :] += grad_scores.transpose(-2, -1) @ q_t
+
+
+def _ring_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   out: torch.Tensor, lse: torch.Tensor, grad_out: torch.Tensor,
+                   is_causal: bool, scale: float, ring: _Ring, layout: str, block_size: int,
+                   stats: RingStats | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The key/value blocks go round the ring again; each block's gradient travels with
+    it, gathering every rank's share, and reaches its owner after the last step."""
+    dtype = lse.dtype
+    n = query.shape[-2]
+    grad_out = grad_out.to(dtype)
+    delta = (grad_out * out.to(dtype)).sum(dim=-1, keepdim=True)  # D_i = dO_i . O_i
+    grad_query = torch.zeros(query.shape, dtype=dtype, device=query.device)
+    grad_key = torch.zeros(key.shape, dtype=dtype, device=key.device)
+    grad_value = torch.zeros(value.shape, dtype=dtype, device=value.device)
+    k_block, v_block = key.contiguous(), value.contiguous()
+    # The visiting block's gradient, summed over the ranks so far: from step 1 on.
+    acc_key, acc_value = grad_key, grad_value
+    for step, planned in enumerate(ring_schedule(ring.world_size, is_causal, layout)[ring.rank]):
+        pending = ring.start([k_block, v_block]) if step + 1 < ring.world_size else None
+        if step == 1:
+            acc_key, acc_value = torch.zeros_like(grad_key), torch.zeros_like(grad_value)
+        target_key, target_value = (grad_key, grad_value) if step == 0 else (acc_key, acc_value)
+        if planned.kind != "skip":
+            rows, cols, causal = _step_slices(planned.kind, n)
+            _block_backward(query[..., rows, :], k_block[..., cols, :], v_block[..., cols, :],
+                            grad_out[..., rows, :], lse[..., rows, :], delta[..., rows, :],
+                            causal, scale, block_size, grad_query[..., rows, :],
+                            target_key[..., cols, :], target_value[..., cols, :])
+        sent = pending[2] if pending else 0
+        if step >= 1:  # pass the gradient on; receive the next block's
+            grads = ring.start([acc_key, acc_value])
+            sent += grads[2]
+            acc_key, acc_value = ring.finish(grads)
+            del grads
+        if stats is not None:
+            stats.backward_bytes_sent += sent
+            stats.backward_score_blocks += planned.work
+        if pending is not None:
+            k_block, v_block = ring.finish(pending)
+            pending = None
+    if ring.world_size > 1:  # after the last step: our own block's gradient from the others
+        grad_key += acc_key
+        grad_value += acc_value
+    return grad_query, grad_key, grad_value
+
+
+class _RingAttentionFunction(torch.autograd.Function):
+    """Saves the local shards, the output and its log-sum-exp; the backward pass sends
+    the key/value blocks round the ring again instead of keeping them (see
+    :func:`ring_attention`)."""
+
+    @staticmethod
+    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                is_causal: bool, scale: float, ring: _Ring, layout: str, block_size: int,
+                stats: RingStats | None) -> torch.Tensor:
+        out, lse = _ring_forward(query, key, value, is_causal, scale, ring, layout,
+                                 block_size, stats)
+        ctx.save_for_backward(query, key, value, out, lse)
+        ctx.args = (is_causal, scale, ring, layout, block_size, stats)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        query, key, value, out, lse = ctx.saved_tensors
+        grads = _ring_backward(query, key, value, out, lse, grad_out, *ctx.args)
+        cast = [g.to(t.dtype) for g, t in zip(grads, (query, key, value), strict=True)]
+        return (*cast, None, None, None, None, None, None)
+
+
+def _local_problem(query: Any, key: Any, value: Any, is_causal: Any, scale: Any,
+                   layout: Any, block_size: Any, stats: Any) -> Exception | None:
+    """Check this rank's arguments; return the exception instead of raising it."""
+    try:
+        check_sdpa_inputs(query, key, value, None, 0.0, is_causal, scale)
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if t.ndim != 4:
+                raise ValueError(f"{name} must be (batch, num_heads, num_tokens_local, "
+                                 f"head_dim), got shape {tuple(t.shape)}")
+        if query.shape != key.shape or query.shape[-2] == 0:
+            raise ValueError(
+                f"query {tuple(query.shape)} and key {tuple(key.shape)} must hold the same "
+                "tokens (at least one): each rank passes the queries, keys and values of "
+                "its own shard of one sequence")
+        if _check_layout(layout) == "zigzag" and query.shape[-2] % 2:
+            raise ValueError(f"layout='zigzag' needs an even number of tokens per rank (two "
+                             f"equal chunks), got {query.shape[-2]}")
+        check_positive_int("block_size", block_size)
+        if stats is not None and not isinstance(stats, RingStats):
+            raise TypeError(f"stats must be a RingStats or None, got {type_name(stats)}")
+    except (TypeError, ValueError) as exc:
+        return exc
+    return None
+
+
+def _agree(metas: list[dict], rank: int) -> None:
+    """Raise the same ValueError on every rank if the ranks' calls do not match."""
+    refused = [(r, m["error"]) for r, m in enumerate(metas) if m["error"]]
+    if refused:
+        r, message = refused[0]
+        raise ValueError(f"rank {r} refused its input ({message}); every rank must call "
+                         "ring_attention with valid shards")
+    for name in ("query", "key", "value", "dtype", "is_causal", "layout", "scale", "grad"):
+        values = [m[name] for m in metas]
+        if len(set(values)) == 1:
+            continue
+        listed = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
+        hint = ""
+        if name in ("query", "key", "value"):
+            hint = (" (every rank must hold num_tokens / world_size tokens of the same batch, "
+                    "heads and head_dim: a sequence must split into equal shards, divisible "
+                    "by world_size, or 2 * world_size for layout='zigzag'; ring_attention "
+                    "does not pad)")
+        if name == "grad":
+            hint = " (all ranks or none must need gradients, or the backward ring would hang)"
+        raise ValueError(f"ring_attention was called with different {name} on different "
+                         f"ranks: {listed}{hint}")
+
+
+def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   is_causal: bool = False, scale: float | None = None, group: Any = None,
+                   layout: str = "contiguous", *, block_size: int = _DEFAULT_BLOCK_SIZE,
+                   stats: RingStats | None = None) -> torch.Tensor:
+    """This rank's rows of ``softmax(Q K^T * scale) V`` over the whole sequence, by a ring.
+
+    Call it on every rank of ``group`` at once, each with its own shard of one sequence
+    (see :func:`shard_sequence`); the result is this rank's shard of
+    :func:`torch.nn.functional.scaled_dot_product_attention` on the whole sequence. At
+    each of ``P`` steps the rank computes its queries against the key/value block it
+    holds, with chapter 8's tiled loop (:func:`attnlib.flash.flash_attention_forward`,
+    which returns the block's log-sum-exp), merges the partial result into its running
+    one (:func:`merge_partials`), and passes the block to ``rank + 1`` while receiving the
+    next from ``rank - 1`` (``torch.distributed.batch_isend_irecv``, posted before the
+    computation so that the transfer overlaps it wherever the backend runs it in the
+    background, as gloo and NCCL do). Under a causal mask a block entirely in the future
+    of every query is skipped (:func:`ring_schedule`).
+
+    The backward pass (a custom ``autograd.Function``) recomputes each step's attention
+    weights from the saved log-sum-exp instead of storing them, and sends the key/value
+    blocks round the ring a second time instead of keeping the ``P - 1`` visitors: keeping
+    them would put the whole sequence's keys and values on every rank, the memory the
+    ring exists to avoid. Each block's gradient travels with it and reaches its owner
+    after the last step. Every rank must call ``backward`` (its loss must depend on its
+    output). Gradients equal the single-device ones up to rounding.
+
+    Args:
+        query: ``(batch, num_heads, n, head_dim)``, this rank's ``n = N / P`` tokens.
+        key: ``(batch, num_heads, n, head_dim)``, the same tokens.
+        value: ``(batch, num_heads, n, d_v)``.
+        is_causal: token ``i`` sees tokens ``j <= i`` of the whole sequence (positions as
+            the layout assigns them). Default ``False``.
+        scale: multiplier of the scores; default ``1 / sqrt(head_dim)``.
+        group: the process group; default the default group. Tensors must be where its
+            backend works: CPU for gloo, this rank's GPU for NCCL (the current device,
+            ``torch.cuda.set_device``, which the shape check's ``all_gather_object`` uses).
+        layout: ``"contiguous"`` or ``"zigzag"``, how the shards were cut (:data:`LAYOUTS`).
+        block_size: keyword-only; rows per tile of the local loop. Default 128.
+        stats: keyword-only; a :class:`RingStats` to which this call adds what it sent and
+            computed.
+
+    Returns:
+        ``(batch, num_heads, n, d_v)``, this rank's rows of the output, in the input's
+        dtype (half precision is computed in float32).
+
+    Raises:
+        RuntimeError: ``torch.distributed`` is unavailable or no process group is
+            initialised (call ``torch.distributed.init_process_group`` first, or use
+            :func:`run_on_ranks`).
+        TypeError: ``group`` is not a process group; a tensor is not floating point or
+            the dtypes differ; ``is_causal`` is not a bool; ``scale`` is not a number;
+            ``layout`` not a str; ``block_size`` not an int; ``stats`` not a RingStats.
+        ValueError: a tensor is not 4-D, query and key hold different tokens, ``layout``
+            is unknown, zigzag shards hold an odd number of tokens, ``block_size < 1``;
+            or the ranks disagree: the shapes (for instance a sequence that does not
+            split evenly: this function does not pad), dtype, ``is_causal``, ``layout``,
+            ``scale`` or whether gradients are needed differ from rank to rank (an
+            ``all_gather_object`` of each rank's metadata checks this first, so that every
+            rank raises the same error instead of waiting forever), or another rank
+            refused its own input.
+
+    Source: Liu, Zaharia and Abbeel (2023), "Ring Attention with Blockwise Transformers
+    for Near-Infinite Context", arXiv:2310.01889, section 3; Brandon et al. (2023),
+    "Striped Attention", arXiv:2311.09431 (causal load balance); the zigzag layout of
+    ring-flash-attention and Llama 3 (arXiv:2407.21783, section 3.3.2); Dao (2023),
+    "FlashAttention-2", Algorithm 2 (the backward pass from the log-sum-exp).
+    """
+    if group is not None and not (dist.is_available() and isinstance(group, dist.ProcessGroup)):
+        raise TypeError(f"group must be a torch.distributed.ProcessGroup or None, got "
+                        f"{type_name(group)}")
+    problem = _local_problem(query, key, value, is_causal, scale, layout, block_size, stats)
+    if not (dist.is_available() and dist.is_initialized()):
+        if problem is not None:
+            raise problem
+        raise RuntimeError(
+            "ring_attention runs inside an initialised process group: call "
+            "torch.distributed.init_process_group(...) in each of the P processes first "
+            "(attnlib.distributed.run_on_ranks starts P processes on this machine)")
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    if rank < 0:
+        raise ValueError("this process is not a member of the process group it was given")
+    meta: dict[str, Any] = {"error": None if problem is None else
+                            f"{type_name(problem)}: {problem}"}
+    if problem is None:
+        meta.update(
+            query=tuple(query.shape), key=tuple(key.shape), value=tuple(value.shape),
+            dtype=str(query.dtype), is_causal=bool(is_causal), layout=layout,
+            scale=float(scale) if scale is not None else 1.0 / math.sqrt(query.shape[-1]),
+            grad=torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)))
+    metas: list[Any] = [None] * world_size
+    dist.all_gather_object(metas, meta, group=group)
+    if problem is not None:
+        raise problem
+    _agree(metas, rank)
+    ring = _Ring(group, rank, world_size)
+    return _RingAttentionFunction.apply(query, key, value, bool(is_causal), meta["scale"],
+                                        ring, layout, int(block_size), stats)
