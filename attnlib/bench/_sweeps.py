@@ -461,9 +461,9 @@ def plot_memory_sweep(sweep: dict[str, Any], path: str | os.PathLike[str]) -> st
         return [math.nan if r[key] is None else r[key] / mib for r in records]
 
     with plt.style.context("attnlib.book"):
-        fig, ax = plt.subplots(figsize=(7.2, 4.5), dpi=100)
+        fig, ax = plt.subplots(figsize=(5.0, 5.6), dpi=100)  # the book's phone width
         ax.plot(ns, series("predicted_scores_weights_bytes"), color="grey", linestyle=":",
-                label="predicted: scores + weights, 2·h·N²·(bytes per element)")
+                label="predicted: scores + weights,\n2·h·N²·(bytes per element)")
         ax.plot(ns, series("reference_peak_bytes"), "o-", color="C0",
                 label="readable path (measured)")
         extrapolated = [(n, r["reference_extrapolated_bytes"] / mib) for n, r in zip(
@@ -484,9 +484,10 @@ def plot_memory_sweep(sweep: dict[str, Any], path: str | os.PathLike[str]) -> st
         ax.set_xlabel("tokens N")
         ax.set_ylabel("peak memory above the inputs (MiB)")
         meta = sweep["metadata"]
-        ax.set_title(f"one attention call, {meta['num_heads']} head(s), d={meta['head_dim']}, "
+        ax.set_title(f"one attention call, {meta['num_heads']} head(s), d={meta['head_dim']},\n"
                      f"{meta['dtype']}, {meta['device']}")
-        ax.legend(fontsize=10)
+        # Below the axes: seven labels inside would hide the lines at 12 pt.
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=1)
         fig.tight_layout()
         fig.savefig(path)
         plt.close(fig)
