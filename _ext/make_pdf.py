@@ -5,17 +5,25 @@
 The page is served from 127.0.0.1 and every request off this machine is
 blocked, so the PDF is made offline. Before printing, the script waits for
 MathJax to typeset every formula and for every image to load, opens every
-dropdown (exercise solutions, hidden code), and starts each chapter on a new
-page; ``_static/print.css`` has the print rules that wrap code lines. The HTML
-book's next build copies the PDF next to its pages and links it from the
-introduction (``make pdf`` runs that build; see ``_ext/course_html.py``).
+dropdown (exercise solutions, hidden code), starts each chapter on a new page,
+adds the version, the date and the authors to the title page, and shrinks each
+output block that is wider than the column until its longest line fits
+(``_static/print.css`` has the print rules). It prints twice: the first print
+tells on which page each chapter starts, and the second writes those numbers
+into the contents, in boxes reserved before the first print so that nothing
+moves. The PDF has a bookmark (outline entry) for each chapter and section.
+The HTML book's next build copies the PDF next to its pages and links it from
+the introduction (``make pdf`` runs that build; see ``_ext/course_html.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import functools
 import http.server
+import io
+import logging
 import os
 import shutil
 import sys
@@ -23,6 +31,9 @@ import threading
 from pathlib import Path
 from urllib.parse import urlparse
 
+ROOT = Path(__file__).resolve().parents[1]
+# pypdf reads Chromium's PDFs well but says so ("Object count ... exceeds ...").
+logging.getLogger("pypdf").setLevel(logging.ERROR)
 CHROMIUM = Path(os.environ.get("ATTNLIB_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update"]
@@ -30,9 +41,18 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"
 # A4 is 210 mm wide; 96 CSS pixels to the inch.
 SIDE_MARGIN_MM = 14
 PRINT_WIDTH_PX = round((210 - 2 * SIDE_MARGIN_MM) / 25.4 * 96)
+# Code and outputs are printed at 12 px (print.css); an output wider than the
+# column is shrunk until its longest line fits, but not below this.
+CODE_PX = 12
+SMALLEST_CODE_PX = 7
+# A line too wide even at the smallest size (a long message) wraps, at spaces
+# only, at this size: readable, and its alignment is lost anyway.
+WRAPPED_CODE_PX = 9
 
-# Run in the page: show what a reader opens by hand, and break pages at chapters.
-PREPARE = """() => {
+# Run in the page: show what a reader opens by hand, break pages at chapters, fit
+# wide outputs and tables, make the title page, reserve the contents' page
+# numbers, and list the chapters and sections for the outline.
+PREPARE = """(meta) => {
   document.querySelectorAll('details').forEach(d => d.open = true);
   document.querySelectorAll('.toggle-hidden').forEach(e => e.classList.remove('toggle-hidden'));
   document.querySelectorAll('button.toggle-button').forEach(b => b.remove());
@@ -44,10 +64,117 @@ PREPARE = """() => {
   });
   // Sphinx's single-page build marks where each page of the book starts.
   const starts = Array.from(document.querySelectorAll('span[id^="document-"]'));
+  const firstSection = {};
   starts.forEach(span => {
     let next = span.nextElementSibling;
-    if (next) next.classList.add('course-chapter-start');
+    if (next) {
+      next.classList.add('course-chapter-start');
+      firstSection[span.id] = next.id;
+    }
   });
+  // A code or output block wider than the column: a smaller font, just small
+  // enough for its longest line, keeps its columns aligned; below the smallest
+  // size it wraps, at spaces only (print.css).
+  let shrunk = 0, wrapped = 0;
+  document.querySelectorAll('.bd-article pre').forEach(pre => {
+    if (pre.scrollWidth <= pre.clientWidth + 1) return;
+    const size = parseFloat(getComputedStyle(pre).fontSize);
+    let fit = Math.floor(size * pre.clientWidth / pre.scrollWidth * 20) / 20;
+    for (let i = 0; i < 20 && fit >= meta.smallest; i++) {
+      pre.style.setProperty('font-size', fit + 'px', 'important');
+      if (pre.scrollWidth <= pre.clientWidth + 1) break;
+      fit = Math.round((fit - 0.05) * 100) / 100;
+    }
+    if (fit < meta.smallest || pre.scrollWidth > pre.clientWidth + 1) {
+      pre.style.setProperty('font-size', meta.wrapped + 'px', 'important');
+      pre.style.setProperty('white-space', 'pre-wrap', 'important');
+      pre.classList.add('course-print-wrap');
+      wrapped += 1;
+    } else {
+      shrunk += 1;
+    }
+  });
+  // A table wider than the column (long code names, formulas in its cells):
+  // a smaller font, down to 70 %, rather than names broken in the middle.
+  let tables = 0;
+  const right = t => Math.max(...Array.from(t.querySelectorAll('td, th'))
+    .map(c => c.getBoundingClientRect().right), t.getBoundingClientRect().right);
+  const column = document.querySelector('.bd-article').getBoundingClientRect().right;
+  document.querySelectorAll('.bd-article table').forEach(t => {
+    if (right(t) <= column + 1) return;
+    tables += 1;
+    for (let scale = 0.95; scale >= 0.7 && right(t) > column + 1; scale -= 0.05) {
+      t.style.setProperty('font-size', (scale * 100).toFixed(0) + '%', 'important');
+    }
+  });
+  // The title page: the title, the authors, the version and the date of the
+  // build; the contents on the next page and the introduction after it.
+  const cover = document.querySelector('#jb-print-docs-body');
+  if (cover) {
+    const title = cover.querySelector('h1');
+    const block = document.createElement('div');
+    block.className = 'course-title-page';
+    block.setAttribute('role', 'presentation');
+    const line = (cls, text) => {
+      const p = document.createElement('p');
+      p.className = cls;
+      p.textContent = text;
+      block.appendChild(p);
+    };
+    line('course-authors', meta.authors);
+    line('course-version', 'Version ' + meta.version + ' (attnlib ' + meta.version + ')');
+    line('course-date', 'Built on ' + meta.date);
+    if (title) {
+      // The cover's title, set large by print.css.
+      const div = document.createElement('div');
+      div.className = 'course-title';
+      div.setAttribute('role', 'presentation');
+      div.textContent = title.textContent;
+      title.replaceWith(div);
+      div.after(block);
+    } else {
+      cover.prepend(block);
+    }
+    const contents = cover.querySelector('#jb-print-toc h2');
+    if (contents) {
+      const div = document.createElement('div');
+      div.className = 'course-contents-title';
+      div.textContent = contents.textContent.trim();
+      contents.replaceWith(div);
+    }
+  }
+  // The contents: a box of fixed width at the end of each line, for the page
+  // number that the second print writes in.
+  const entries = [];
+  document.querySelectorAll('#jb-print-toc li > a[href^="#"]').forEach(a => {
+    const id = decodeURIComponent(a.getAttribute('href').slice(1));
+    const number = document.createElement('span');
+    number.className = 'course-toc-page';
+    number.textContent = '';
+    a.classList.add('course-toc-entry');
+    a.appendChild(number);
+    entries.push({target: firstSection[id] || id, title: a.textContent.trim()});
+  });
+  // The outline (bookmarks): the introduction, each chapter and page of the
+  // book, and their sections and subsections, each with its element's id
+  // (Chromium writes a named destination for every id).
+  const heading = section => {
+    const h = section.querySelector(':scope > h1, :scope > h2, :scope > h3, :scope > h4, '
+                                    + ':scope > h5, :scope > h6');
+    if (!h) return null;
+    const copy = h.cloneNode(true);
+    copy.querySelectorAll('.headerlink').forEach(e => e.remove());
+    return copy.textContent.replace(/\\s+/g, ' ').trim();
+  };
+  const tree = (section, depth) => ({
+    target: section.id, title: heading(section),
+    children: depth >= 3 ? [] : Array.from(section.querySelectorAll(':scope > section'))
+      .filter(s => s.id && heading(s)).map(s => tree(s, depth + 1)),
+  });
+  const tops = [document.querySelector('.bd-article > section')]
+    .concat(starts.map(span => span.nextElementSibling))
+    .filter(s => s && s.tagName === 'SECTION' && s.id && heading(s));
+  const outline = tops.map(s => tree(s, 1));
   // Wider than the column, and Chromium shrinks every page: say what is too wide.
   const width = document.documentElement.scrollWidth;
   const wide = Array.from(document.querySelectorAll('.bd-article *'))
@@ -55,7 +182,15 @@ PREPARE = """() => {
                  && !e.closest('mjx-assistive-mml'))
     .slice(0, 5).map(e => e.tagName + '.' + e.className + ': '
                          + (e.textContent || '').trim().slice(0, 60));
-  return {chapters: starts.length, width: width, wide: wide};
+  return {chapters: starts.length, width: width, wide: wide, entries: entries, outline: outline,
+          shrunk: shrunk, wrapped: wrapped, tables: tables};
+}"""
+
+# Write the page numbers into the contents' boxes (the same order as ``entries``).
+NUMBER = """(numbers) => {
+  const boxes = document.querySelectorAll('#jb-print-toc .course-toc-page');
+  boxes.forEach((box, i) => { box.textContent = numbers[i] === null ? '' : String(numbers[i]); });
+  return boxes.length;
 }"""
 
 
@@ -64,14 +199,77 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+def book_metadata() -> dict:
+    """The authors (``author`` in _config.yml), attnlib's version and the build's date
+    (``SOURCE_DATE_EPOCH`` where it is set, for a reproducible build; else today)."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    sys.path.insert(0, str(ROOT))
+    import attnlib
+
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    day = (dt.datetime.fromtimestamp(int(epoch), dt.timezone.utc) if epoch
+           else dt.datetime.now(dt.timezone.utc)).date()
+    return {"authors": str(config.get("author", "")), "version": attnlib.__version__,
+            "date": f"{day.day} {day:%B %Y}", "smallest": SMALLEST_CODE_PX,
+            "wrapped": WRAPPED_CODE_PX}
+
+
+def destination_pages(data: bytes, ids: list[str]) -> list[int | None]:
+    """The page (from 1) of each element id of ``ids`` in a PDF printed by Chromium,
+    which writes a named destination for every element with an id."""
+    from pypdf import PdfReader
+
+    reader = PdfReader(io.BytesIO(data))
+    named = reader.named_destinations
+    pages = []
+    for target in ids:
+        dest = named.get("/" + target) or named.get(target)
+        pages.append(None if dest is None else reader.get_destination_page_number(dest) + 1)
+    return pages
+
+
+def with_outline(data: bytes, outline: list[dict]) -> bytes:
+    """The PDF ``data`` with bookmarks: an entry for each item of ``outline`` (a title
+    and the id of its element, whose named destination gives the page and the
+    height), its ``children`` under it. Chromium's own outline (``outline=True``)
+    drops the <h1> headings and runs a heading's lines together."""
+    from pypdf import PdfReader, PdfWriter
+    from pypdf.generic import Fit
+
+    reader = PdfReader(io.BytesIO(data))
+    named = reader.named_destinations
+    writer = PdfWriter(clone_from=reader)
+
+    def add(items, parent):
+        for item in items:
+            dest = named.get("/" + item["target"])
+            if dest is None or not item["title"]:
+                continue
+            number = reader.get_destination_page_number(dest)
+            top = dest.get("/Top")
+            fit = Fit.xyz(left=None, top=float(top), zoom=None) if top is not None else Fit.fit()
+            entry = writer.add_outline_item(title=item["title"], page_number=number, parent=parent,
+                                           fit=fit)
+            add(item.get("children", []), entry)
+
+    add(outline, None)
+    writer.page_mode = "/UseOutlines"
+    out = io.BytesIO()
+    writer.write(out)
+    return out.getvalue()
+
+
 def print_pdf(html: Path, pdf: Path) -> dict:
     """Print ``html`` (a file in a built book) to ``pdf``; return the number of pages of
-    the book (``chapters``), the laid-out ``width`` in CSS px and what is ``wide``r
-    than the column."""
+    the book (``chapters``), the laid-out ``width`` in CSS px, what is ``wide``r
+    than the column, and the contents' ``entries`` with the page each starts on."""
     from playwright.sync_api import sync_playwright
 
     if not CHROMIUM.exists():
         raise SystemExit(f"no Chromium at {CHROMIUM}: apt-get install chromium")
+    meta = book_metadata()
     handler = functools.partial(_Quiet, directory=str(html.parent))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
@@ -101,13 +299,11 @@ def print_pdf(html: Path, pdf: Path) -> dict:
                     "() => window.MathJax && MathJax.startup && MathJax.startup.promise",
                 )
                 page.evaluate("() => MathJax.startup.promise")
-            layout = page.evaluate(PREPARE)
+            layout = page.evaluate(PREPARE, meta)
             page.wait_for_function(
                 "() => Array.from(document.images).every(i => i.complete)"
             )
-            pdf.parent.mkdir(parents=True, exist_ok=True)
-            page.pdf(
-                path=str(pdf),
+            options = dict(
                 format="A4",
                 print_background=True,
                 margin={"top": "16mm", "bottom": "16mm", "left": f"{SIDE_MARGIN_MM}mm",
@@ -119,6 +315,19 @@ def print_pdf(html: Path, pdf: Path) -> dict:
                     '<span class="pageNumber"></span> / <span class="totalPages"></span></div>'
                 ),
             )
+            targets = [entry["target"] for entry in layout["entries"]]
+            # First print: where each chapter starts. The numbers go into boxes
+            # of fixed width, so the second print has the same pages.
+            first = destination_pages(page.pdf(**options), targets)
+            page.evaluate(NUMBER, first)
+            data = page.pdf(**options)
+            second = destination_pages(data, targets)
+            if first != second:
+                raise SystemExit(f"the contents' page numbers moved: {first} then {second}")
+            for entry, number in zip(layout["entries"], second, strict=True):
+                entry["page"] = number
+            pdf.parent.mkdir(parents=True, exist_ok=True)
+            pdf.write_bytes(with_outline(data, layout["outline"]))
             browser.close()
     finally:
         httpd.shutdown()
@@ -141,6 +350,14 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copy2(args.pdf, args.copy_to / args.pdf.name)
     print(f"wrote {args.pdf} ({layout['chapters']} pages of the book, each from a new sheet),"
           f" laid out {layout['width']} px wide in a {PRINT_WIDTH_PX} px column")
+    print(f"{layout['shrunk']} wide code or output blocks printed smaller, {layout['wrapped']}"
+          f" wrapped at spaces, {layout['tables']} wide tables printed smaller")
+    for entry in layout["entries"]:
+        print(f"contents: page {entry['page']}: {entry['title']}")
+    missing = [entry["title"] for entry in layout["entries"] if entry["page"] is None]
+    if missing:
+        print("no page found for:", *missing, sep="\n  ", file=sys.stderr)
+        return 1
     if layout["width"] > PRINT_WIDTH_PX:
         print("wider than the page, so Chromium shrank every page to fit:", *layout["wide"],
               sep="\n  ", file=sys.stderr)

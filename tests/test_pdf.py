@@ -8,10 +8,17 @@ Chromium leaves out of a PDF the glyphs that a box clips, so a code line that
 is cut off at the page's edge is missing its end from the PDF's text: every
 line of every code cell the book shows must be found whole. Where Chromium is
 missing the tests are skipped, unless ``ATTNLIB_REQUIRE_BROWSER=1`` (CI).
+
+The PDF is also checked as a reader uses it: a bookmark per chapter and section,
+page numbers in the contents, the version, date and authors on the title page,
+and a scan of every page (rasterised by pypdfium2) for empty boxes and
+half-empty pages, for words or numbers broken across lines and for printed
+labels of screen controls (issue 21).
 """
 
 from __future__ import annotations
 
+import html.parser
 import os
 import re
 import subprocess
@@ -192,3 +199,363 @@ def test_math_is_typeset_and_figures_are_in(pdf_text):
     assert len(raw_tex) <= tex_in_code, f"{len(raw_tex) - tex_in_code} pieces of untypeset TeX"
     images = sum(len(page.images) for page in reader.pages)
     assert images >= figures, f"{images} images in the PDF, {figures} figures in the notebooks"
+
+
+# ---------------------------------------------------------------------------
+# Bookmarks, the contents' page numbers, the title page, and a scan of the
+# printed pages for the faults of issue 21: empty boxes, half-empty pages,
+# words and numbers broken across lines, printed widget labels.
+
+MONTHS = ("January|February|March|April|May|June|July|August|September|October|November"
+          "|December")
+# Labels of controls that do nothing on paper (myst-nb, sphinx-togglebutton,
+# sphinx-copybutton, matplotlib's JavaScript animation player).
+WIDGET_LABELS = re.compile(
+    r"(?:Hide|Show) code cell (?:content|source|outputs?)|Click to (?:show|hide)"
+    r"|Copy to clipboard"
+    r"|Toggle hidden content|Once\s*Loop\s*Reflect",
+    re.I,
+)
+MM = 72 / 25.4  # PDF points per millimetre
+CLOSING = ".,;:!?)]}'\""
+BOUNDARY = "\x00"
+# The space a figure needs above and below its image (the margins between a cell
+# and its output, the line box an image sits in), in points: 1 inch.
+FIGURE_SPACE = 72
+
+
+def normalise(text: str) -> str:
+    return unicodedata.normalize("NFKC", text).translate(QUOTES)
+
+
+def page_title(path: Path) -> str:
+    """The `# Title` of a book page: a notebook's first markdown cell, or a
+    Markdown file's first heading outside its front matter and code blocks."""
+    if path.suffix == ".ipynb":
+        nb = nbformat.read(path, as_version=4)
+        first = next(c for c in nb.cells if c.cell_type == "markdown")
+        return re.search(r"^#\s+(.+)$", first.source, re.M).group(1).strip()
+    lines = path.read_text().splitlines()
+    if lines and lines[0].strip() == "---":
+        lines = lines[lines.index("---", 1) + 1:]
+    fence = None
+    for line in lines:
+        mark = re.match(r"^\s*(`{3,}|~{3,})", line)
+        if mark:
+            fence = None if fence and mark.group(1).startswith(fence) else (fence or mark.group(1))
+            continue
+        if fence is None and re.match(r"^#\s+\S", line):
+            return line[1:].strip()
+    raise AssertionError(f"{path}: no title")
+
+
+def toc_pages() -> list[tuple[str, Path, bool]]:
+    """(title as printed, source, numbered) for each page of the book after the
+    introduction, in order: numbered chapters read "3. Title"."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    out = []
+    for part in toc.get("parts", [{"chapters": toc.get("chapters", [])}]):
+        for number, entry in enumerate(part.get("chapters", []), start=1):
+            path = next(ROOT.glob(entry["file"] + ".*"))
+            title = re.sub(r"[*_`$\\]", "", page_title(path))
+            if part.get("numbered"):
+                title = f"{number}. {title}"
+            out.append((title, path, bool(part.get("numbered"))))
+    return out
+
+
+def outline_tree(reader) -> list[tuple[str, int, list]]:
+    """The PDF's bookmarks as (title, page from 1, children)."""
+
+    def walk(items):
+        out = []
+        for item in items:
+            if isinstance(item, list):
+                if out:
+                    out[-1][2].extend(walk(item))
+                continue
+            out.append((item.title, reader.get_destination_page_number(item) + 1, []))
+        return out
+
+    return walk(reader.outline)
+
+
+def test_pdf_has_a_bookmark_per_chapter_and_section(pdf_text):
+    """Each page of the book (_toc.yml) is a bookmark at the top level that reads as
+    its title, at the page where it starts, and each chapter's `##` sections are
+    bookmarks under it."""
+    reader, _, _ = pdf_text
+    tree = outline_tree(reader)
+    tops = {squash(title): (page, children) for title, page, children in tree}
+    assert tops, "the PDF has no bookmarks"
+    for title, path, _ in toc_pages():
+        assert squash(title) in tops, f"no bookmark {title!r}; the top level: {[t for t, _, _ in tree]}"
+        page, children = tops[squash(title)]
+        assert squash(title) in squash(reader.pages[page - 1].extract_text() or ""), (
+            f"bookmark {title!r} points to page {page}, which does not show that title")
+        if path.suffix != ".ipynb":
+            continue
+        nb = nbformat.read(path, as_version=4)
+        sections = [line for cell in nb.cells if cell.cell_type == "markdown"
+                    for line in re.findall(r"^##\s+(.+)$", cell.source, re.M)]
+        assert len(children) == len(sections), (
+            f"{path.name}: {len(children)} section bookmarks for {len(sections)} sections")
+        for (child, _, _), section in zip(children, sections, strict=True):
+            # The words before any math or code in the heading.
+            plain = re.split(r"[$`]", section)[0]
+            plain = re.sub(r"[*_\\]|\[([^\]]*)\]\([^)]*\)", r"\1", plain)
+            assert squash(plain) in squash(child), f"{path.name}: bookmark {child!r} for {section!r}"
+
+
+def contents_pages(reader) -> str:
+    """The text of the pages before the introduction: the cover and the contents."""
+    text = []
+    for page in reader.pages[:6]:
+        words = page.extract_text() or ""
+        text.append(words)
+        if "Self-attention is the one idea" in normalise(words):
+            break
+    return "\n".join(text)
+
+
+def test_contents_show_the_page_of_each_chapter(pdf_text):
+    """The contents give each page of the book its page number, and that is the page
+    where its title is printed (and where its bookmark points)."""
+    reader, _, _ = pdf_text
+    contents = normalise(contents_pages(reader))
+    tops = {squash(title): page for title, page, _ in outline_tree(reader)}
+    for title, _, _ in toc_pages():
+        line = re.search(re.escape(normalise(title)).replace(r"\ ", r"\s+") + r"[\s.·…]*(\d+)\s*$",
+                         contents, re.M)
+        assert line, f"the contents have no page number for {title!r}:\n{contents[:3000]}"
+        number = int(line.group(1))
+        assert squash(title) in squash(reader.pages[number - 1].extract_text() or ""), (
+            f"the contents put {title!r} on page {number}, which does not show it")
+        assert number == tops.get(squash(title)), (
+            f"the contents say page {number} for {title!r}, its bookmark {tops.get(squash(title))}")
+
+
+def test_title_page_has_version_date_and_authors(pdf_text):
+    reader, _, _ = pdf_text
+    cover = normalise(reader.pages[0].extract_text() or "")
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    sys.path.insert(0, str(ROOT))
+    import attnlib
+
+    assert squash(config["title"]) in squash(cover), cover
+    assert squash(config["author"]) in squash(cover), f"no authors on the title page: {cover}"
+    assert re.search(rf"\b{re.escape(attnlib.__version__)}\b", cover), (
+        f"no version {attnlib.__version__} on the title page: {cover}")
+    assert re.search(rf"\b\d{{1,2}}\s+(?:{MONTHS})\s+20\d\d\b", cover), f"no date: {cover}"
+
+
+def test_no_widget_labels_are_printed(pdf_text):
+    _, text, _ = pdf_text
+    found = sorted({m.group(0) for m in WIDGET_LABELS.finditer(normalise(text))})
+    assert not found, f"labels of screen controls printed in the PDF: {found}"
+
+
+def page_scan(page) -> dict:
+    """One printed page, rasterised at 1 px per point (pypdfium2): the tallest run
+    of rows (in cm) filled with one non-white colour (a box's background) that
+    holds no text and no image, the height of the text area and how far down it
+    is used (points), and the bottom of the first figure with its caption (points
+    from the top of the text area, None without an image)."""
+    import numpy as np
+    import pypdfium2.raw as pdfium_c
+
+    img = np.asarray(page.render(scale=1).to_pil().convert("RGB")).astype(np.int32)
+    height, width, _ = img.shape
+    top, bottom = round(16 * MM), height - round(16 * MM)  # make_pdf.py's margins
+    left, right = round(14 * MM), width - round(14 * MM)
+    area = img[top:bottom, left:right]
+    rows = area.shape[0]
+    covered = np.zeros(rows, bool)  # rows with text or an image
+    first_image = None
+    for obj in page.get_objects(filter=[pdfium_c.FPDF_PAGEOBJ_IMAGE]):
+        _, low, _, high = obj.get_bounds()
+        y0, y1 = max(round(height - high) - top, 0), max(round(height - low) - top + 1, 0)
+        covered[y0:y1] = True
+        if first_image is None or y0 < first_image[0]:
+            first_image = (y0, y1)
+    text = page.get_textpage()
+    for i in range(text.count_chars()):
+        x0, low, x1, high = text.get_charbox(i)
+        if x1 > x0:
+            covered[max(round(height - high) - top, 0):max(round(height - low) - top + 1, 0)] = True
+    nonwhite = area.min(axis=2) < 253
+    colour = (area[..., 0] // 4 << 12) | (area[..., 1] // 4 << 6) | area[..., 2] // 4
+    fill = np.zeros(rows, bool)
+    for y in np.nonzero(~covered & (nonwhite.mean(axis=1) >= 0.5))[0]:
+        _, counts = np.unique(colour[y][nonwhite[y]], return_counts=True)
+        fill[y] = counts.max() >= 0.5 * area.shape[1]
+    tallest, run = 0, 0
+    for flag in fill:
+        run = run + 1 if flag else 0
+        tallest = max(tallest, run)
+    inked = nonwhite.any(axis=1) | covered
+    used = np.nonzero(inked)[0]
+    # The first figure with its caption: from the first image down to the first
+    # gap of 24 pt (the caption follows the image 16-19 pt below, its lines 6-8 pt
+    # apart; the text after a figure 29 pt below).
+    figure_bottom = None
+    if first_image is not None:
+        y, blank = first_image[1], 0
+        while y < rows and blank < 24:
+            blank = 0 if inked[y] else blank + 1
+            y += 1
+        figure_bottom = y - blank
+    return {"box_cm": tallest / MM / 10, "rows": rows,
+            "used": int(used[-1]) + 1 if len(used) else 0, "figure_bottom": figure_bottom}
+
+
+def test_no_empty_boxes_or_half_empty_pages(pdf_text):
+    """No page holds a box with nothing in it (the frame a code cell left behind
+    when its code moved to the next page), and no page inside a chapter is more
+    than half empty, unless what comes next is a figure that the empty part
+    could not hold (a figure does not break)."""
+    import pypdfium2 as pdfium
+
+    reader, _, _ = pdf_text
+    starts = {page for _, page, _ in outline_tree(reader)}  # each page of the book
+    pdf = pdfium.PdfDocument(PDF)
+    scans = [page_scan(pdf[i]) for i in range(len(pdf))]
+    boxes = {n: round(s["box_cm"], 1) for n, s in enumerate(scans, 1) if s["box_cm"] >= 1.5}
+    half = {}
+    first = min(starts, default=2)
+    for n, scan in enumerate(scans, 1):
+        if n < first or n == len(scans) or n + 1 in starts:
+            continue  # the cover and contents, the last page of a chapter
+        empty = scan["rows"] - scan["used"]
+        if empty <= scan["rows"] / 2:
+            continue
+        following = scans[n]["figure_bottom"]
+        if following is not None and following + FIGURE_SPACE > empty:
+            continue  # the next page opens with a figure too tall for the gap
+        half[n] = f"{empty / scan['rows']:.0%} empty"
+    print(f"{len(pdf)} pages; boxes >= 1.5 cm: {boxes}; half-empty pages: {half}")
+    assert not boxes, f"pages with an empty box (cm high): {boxes}"
+    assert not half, f"pages more than half empty inside a chapter: {half}"
+
+
+def spaced(text: str) -> tuple[str, set[int]]:
+    """``text`` squashed (see squash) and where it had whitespace: the indices of
+    the squashed characters that followed a space or a line break."""
+    chars, gaps, gap = [], set(), False
+    for ch in normalise(text):
+        if ch == BOUNDARY:  # the edge of inline code or a link: pypdf may see a gap
+            gaps.add(len(chars))
+            continue
+        if ch.isspace():
+            gap = True
+            continue
+        if gap and chars:
+            gaps.add(len(chars))
+        gap = False
+        chars.append(ch)
+    return "".join(chars), gaps
+
+
+class _Prose(html.parser.HTMLParser):
+    """Runs of prose in the book's paragraphs: text between formulas (MathJax
+    typesets them after the HTML is written) and footnote marks."""
+
+    SKIP = ("math", "headerlink")
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.in_article = False
+        self.stack: list[tuple[str, bool]] = []
+        self.pieces: list[str] = []
+        self.current: list[str] = []
+
+    def _flush(self):
+        piece = " ".join("".join(self.current).split())
+        # Allowed breaks in spaced(): a boundary at the ends means nothing.
+        piece = piece.strip(BOUNDARY + " ")
+        if len(piece.split()) >= 2:
+            self.pieces.append(piece)
+        self.current = []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "article":
+            self.in_article = True
+        if tag in ("br", "img", "input", "hr", "meta", "link", "wbr"):
+            return
+        classes = (attrs.get("class") or "").split()
+        skip = (tag in ("script", "style", "sup", "pre") or any(c in self.SKIP for c in classes)
+                or "cell_output" in classes)
+        if tag == "p" or skip:
+            self._flush()
+        elif self.current:
+            self.current.append(BOUNDARY)
+        self.stack.append((tag, skip))
+
+    def handle_endtag(self, tag):
+        skip = False
+        while self.stack:
+            name, skip = self.stack.pop()
+            if name == tag:
+                break
+        if tag == "p" or skip:
+            self._flush()
+        elif self.current:
+            self.current.append(BOUNDARY)
+
+    def handle_data(self, data):
+        if (self.in_article and any(name == "p" for name, _ in self.stack)
+                and not any(skip for _, skip in self.stack)):
+            self.current.append(data)
+
+
+def test_no_word_or_number_is_broken_across_lines(pdf_text):
+    """Lines break between words only: every line of code, every line of printed
+    output and every run of prose is in the PDF with line breaks (or spaces) only
+    where it has spaces ("sums t|o 1", "-1.64|31]" fail)."""
+    reader, _, _ = pdf_text
+    # pypdf's plain mode: its layout mode spaces out a line after a ligature
+    # ("Simpliﬁed dot-pr    oduct").
+    pages = []
+    for number, page in enumerate(reader.pages, start=1):
+        footer = re.compile(rf"^\s*{number}\s*/\s*{len(reader.pages)}\s*$", re.M)
+        pages.append(footer.sub("", page.extract_text() or "", count=1))
+    flat, gaps = spaced("\n".join(pages))
+    gap_at = bytearray(len(flat) + 1)
+    for i in gaps:
+        gap_at[i] = 1
+    lines = []
+    for path in chapter_notebooks():
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            tags = set(cell.metadata.get("tags", []))
+            if cell.cell_type != "code" or tags & HIDDEN:
+                continue
+            lines += [(path.name, line) for line in cell.source.splitlines()]
+            if "remove-output" in tags:
+                continue
+            for out in cell.outputs:
+                if out.output_type == "stream" and out.name == "stdout":
+                    lines += [(path.name, line) for line in out.text.splitlines()]
+    prose = _Prose()
+    prose.feed(SINGLEHTML.read_text())
+    lines += [("prose", piece) for piece in prose.pieces]
+    broken, checked = [], 0
+    for where, line in lines:
+        word, allowed = spaced(line)
+        if len(word) < 12:
+            continue  # a short one may also match across unrelated lines
+        start, found, whole = flat.find(word), False, False
+        while start >= 0 and not whole:
+            found = True
+            # A line may break after a hyphen or a dash, and pypdf puts a space
+            # before punctuation that follows a link or inline code.
+            whole = all(not gap_at[start + k] or k in allowed or word[k] in CLOSING
+                        or word[k - 1] in "-\u2013\u2014/([{" for k in range(1, len(word)))
+            start = flat.find(word, start + 1)
+        checked += found
+        if found and not whole:
+            broken.append(f"{where}: {line.strip()[:100]}")
+    print(f"{checked} lines and runs of prose checked; {len(broken)} broken")
+    assert checked > 1000, f"only {checked} lines found in the PDF's text"
+    assert not broken, f"{len(broken)} lines broken inside a word or number: {broken[:20]}"
