@@ -15,6 +15,12 @@ the HTML pages; where it does not (after ``make book`` alone) the role says how
 to make it instead of linking a missing file. The page notes the PDF as a
 dependency, so the next HTML build after ``make pdf`` re-reads it (``make pdf``
 runs that build itself).
+
+(3) The search page.
+``_ext/search_scorer.js`` is the book's ``html_search_scorer``: it ranks first the
+pages whose headings are about the query, and writes the math in the results'
+snippets as plain text rather than TeX. Set here, as a path from this file,
+so that the build finds it from any working directory.
 """
 
 import os
@@ -81,8 +87,17 @@ def _copy_pdf(app, exception):
         shutil.copy2(pdf, os.path.join(app.outdir, pdf.name))
 
 
+SEARCH_SCORER = Path(__file__).with_name("search_scorer.js")
+
+
+def _use_search_scorer(app, config):
+    if not config.html_search_scorer:
+        config.html_search_scorer = str(SEARCH_SCORER)
+
+
 def setup(app):
     app.add_config_value("course_pdf", "_build/pdf/book.pdf", "env")
+    app.connect("config-inited", _use_search_scorer)
     app.add_role("book-pdf", book_pdf_role)
     app.connect("build-finished", _copy_pdf)
     app.connect("html-page-context", _drop_repeated_scripts, priority=900)

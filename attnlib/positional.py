@@ -157,7 +157,7 @@ def sinusoidal_offset_matrix(
 
     For every position ``pos``, with ``PE = sinusoidal_encoding(..., d_model, base)``::
 
-        PE[pos + offset] == M @ PE[pos]      (M = sinusoidal_offset_matrix(offset, d_model, base))
+        PE[pos + offset] == M @ PE[pos]   # M = sinusoidal_offset_matrix(offset, d_model, base)
 
     and for a whole table ``PE[offset:] == PE[:-offset] @ M.T``. ``M`` is
     block-diagonal: pair ``i`` (columns ``2i, 2i + 1``) is turned by the angle

@@ -12,15 +12,17 @@ Where Chromium is missing the browser tests are skipped with a reason, unless
 
 from __future__ import annotations
 
+import base64
 import functools
 import http.server
+import io
 import os
 import re
 import subprocess
 import sys
 import threading
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import quote_plus, urlparse
 
 import pytest
 import yaml
@@ -183,7 +185,12 @@ def all_pages(built_book: Path) -> list[str]:
 
 PHONE = {"width": 390, "height": 844}
 DESKTOP = {"width": 1280, "height": 900}
+# A figure is shown at no less than this fraction of the width it was drawn for.
 MIN_FIGURE_SCALE = 0.60
+# The smallest text of a figure as a phone shows it, in CSS px (body text is 16).
+MIN_PHONE_FIGURE_TEXT_PX = 11
+# The course's code lines are at most this long (ruff --line-length 88).
+MAX_CODE_LINE = 88
 CHAPTERS = [p for p in toc_pages() if p.startswith("chapters/")]
 
 # How each page is opened: a desktop in the light theme, a phone, and a desktop
@@ -259,6 +266,21 @@ PROBE_JS = r"""(vw) => {
     source_pairs: Array.from(document.querySelectorAll('.cell_output .text_html .highlight span'))
       .filter(s => s.textContent.trim())
       .map(s => [s.textContent.slice(0, 20), rgb(getComputedStyle(s).color), opaqueBg(s)]),
+    // Every code box, with hidden code cells and exercise solutions opened (last:
+    // opening them changes the page that the readings above describe).
+    code_boxes: (() => {
+      article.querySelectorAll('details').forEach(d => { d.open = true; });
+      article.querySelectorAll('.admonition.toggle-hidden')
+        .forEach(a => a.classList.remove('toggle-hidden'));
+      return Array.from(article.querySelectorAll('div.highlight pre')).map(p => {
+        const cs = getComputedStyle(p);
+        const lines = p.textContent.replace(/\n$/, '').split('\n');
+        const longest = lines.reduce((a, b) => (b.length > a.length ? b : a), '');
+        return {scroll: p.scrollWidth, client: p.clientWidth,
+                right: p.getBoundingClientRect().right, white_space: cs.whiteSpace,
+                overflow_x: cs.overflowX, output: p.closest('.cell_output') !== null,
+                chars: longest.length, line: longest.trim().slice(0, 50)}; });
+    })(),
   };
 }"""
 
@@ -419,21 +441,123 @@ def test_no_page_is_wider_than_a_phone(built_book, probe):
     assert not wide, f"pages wider than {PHONE['width']} px, or content cut at its edge: {wide}"
 
 
+@pytest.mark.parametrize("page_name", toc_pages())
+def test_code_lines_fit_their_box_on_a_desktop(probe, page_name):
+    """At 1280 px a code line of MAX_CODE_LINE characters fits its box: in a code
+    cell, an exercise, an opened solution, an API entry, the landing page."""
+    boxes = probe(page_name, "desktop")["code_boxes"]
+    cut = [f"{b['scroll']} px of code in a {b['client']} px box"
+           + (f" (a line of {b['chars']} characters, over {MAX_CODE_LINE}: {b['line']!r})"
+              if b["chars"] > MAX_CODE_LINE else f" ({b['line']!r})")
+           for b in boxes if b["scroll"] > b["client"]]
+    assert not cut, f"{len(cut)} of {len(boxes)} code boxes cut at {DESKTOP['width']} px: {cut}"
+
+
+@pytest.mark.parametrize("page_name", toc_pages())
+def test_code_scrolls_in_its_own_box_on_a_phone(probe, page_name):
+    """On a phone code is not wrapped (a wrapped Python line loses its indentation):
+    a long line scrolls sideways inside its box, which stays within the screen."""
+    boxes = [b for b in probe(page_name, "phone")["code_boxes"] if not b["output"]]
+    bad = [f"{b['line']!r}: white-space {b['white_space']}, overflow-x {b['overflow_x']},"
+           f" right edge at {b['right']:.0f} px"
+           for b in boxes
+           if b["white_space"] != "pre" or b["overflow_x"] not in ("auto", "scroll")
+           or b["right"] > PHONE["width"] + 1]
+    assert not bad, f"code boxes that wrap or leave the screen on a phone: {bad[:5]}"
+
+
+# The figure style's text sizes (attnlib/book.mplstyle), in points.
+FIGURE_STYLE = ROOT / "attnlib" / "book.mplstyle"
+FIGURE_TEXT_KEYS = ("font.size", "axes.titlesize", "axes.labelsize", "xtick.labelsize",
+                    "ytick.labelsize", "legend.fontsize")
+
+
+def smallest_figure_text_pt() -> float:
+    """The smallest text size that attnlib/book.mplstyle sets, in points (a named
+    size such as "small" is scaled from font.size, as matplotlib does)."""
+    import matplotlib as mpl
+    from matplotlib.font_manager import font_scalings
+
+    style = mpl.rc_params_from_file(FIGURE_STYLE, use_default_template=False)
+    base = float(style.get("font.size", mpl.rcParamsDefault["font.size"]))
+    sizes = []
+    for key in FIGURE_TEXT_KEYS:
+        value = style.get(key, mpl.rcParamsDefault[key])
+        sizes.append(base * font_scalings[value] if isinstance(value, str) else float(value))
+    return min(sizes)
+
+
+def figure_name(fig: dict) -> str:
+    src = fig["src"] or ""
+    return "an animation frame" if src.startswith("data:") else Path(urlparse(src).path).name
+
+
+def intended_width(built_book: Path, page_name: str, fig: dict) -> float | None:
+    """The width, in CSS px, at which a figure's text has the size it was drawn
+    at: 100 px an inch. A PNG saved at 100 dpi is meant to be shown at its own
+    width; one saved at 200 dpi (sharp on a 2x or 3x screen) at half of it. An
+    SVG at its width in points x 100 / 72. None where the image cannot be read."""
+    from PIL import Image
+
+    src = fig["src"] or ""
+    if src.startswith("data:"):  # a frame of a matplotlib animation (class animation)
+        data = io.BytesIO(base64.b64decode(src.partition(",")[2]))
+    else:
+        path = (built_book / page_name).parent / urlparse(src).path
+        if not path.is_file():
+            return None
+        if path.suffix == ".svg":
+            width = re.search(r'<svg[^>]*\swidth="([\d.]+)(pt|px)?"', path.read_text())
+            if not width:
+                return None
+            points = float(width.group(1)) * (72 / 96 if width.group(2) == "px" else 1)
+            return points * 100 / 72
+        data = path
+    with Image.open(data) as image:
+        dpi = image.info.get("dpi", (100, 100))[0] or 100
+        natural = fig["natural"] or image.width
+    return natural * 100 / float(dpi)
+
+
 @pytest.mark.parametrize("page_name", CHAPTERS)
-def test_figures_are_legible_and_described(probe, page_name):
+def test_figures_are_legible_and_described(built_book, probe, page_name):
     figures = probe(page_name, "desktop")["figures"]
     assert figures, "no figures"
     problems = []
     for fig in figures:
-        name = Path(fig["src"]).name
-        if not fig["svg"] and fig["natural"]:
-            scale = fig["width"] / fig["natural"]
+        name = figure_name(fig)
+        intended = intended_width(built_book, page_name, fig)
+        if intended and fig["width"]:
+            # Against the width the figure was drawn for, not its pixels: a 2x PNG
+            # shown at half its pixel width is at its full size.
+            scale = fig["width"] / intended
             if scale < MIN_FIGURE_SCALE:
-                problems.append(f"{name} shown at {scale:.0%} of {fig['natural']} px")
+                problems.append(f"{name} shown at {scale:.0%} of the {intended:.0f} px"
+                                f" it was drawn for")
         alt = fig["alt"].strip()
         if len(alt) < 15 or re.search(r"\.(png|svg|jpe?g)$", alt) or alt == name:
             problems.append(f"{name} has no real alt text ({alt!r})")
     assert not problems, problems
+
+
+@pytest.mark.parametrize("page_name", CHAPTERS)
+def test_figure_text_is_legible_on_a_phone(built_book, probe, page_name):
+    """On a 390-px phone every figure shrinks to the column; its smallest text
+    (the smallest size in attnlib/book.mplstyle, scaled as the figure is) stays
+    at least MIN_PHONE_FIGURE_TEXT_PX CSS px."""
+    min_pt = smallest_figure_text_pt()
+    figures = [f for f in probe(page_name, "phone")["figures"] if f["width"] > 0]
+    assert figures, "no figures shown on a phone"
+    small = []
+    for fig in figures:
+        intended = intended_width(built_book, page_name, fig)
+        assert intended, f"cannot read {figure_name(fig)}"
+        text_px = min_pt * (100 / 72) * fig["width"] / intended
+        if text_px < MIN_PHONE_FIGURE_TEXT_PX:
+            small.append(f"{figure_name(fig)}: {text_px:.1f} px ({fig['width']:.0f} px shown,"
+                         f" drawn for {intended:.0f} px)")
+    assert not small, (f"figure text under {MIN_PHONE_FIGURE_TEXT_PX} px on a phone"
+                       f" ({min_pt:g} pt is the style's smallest): {small}")
 
 
 # Limits on a figure's pixels (measured on the book's own figures: at most 0.4 %
@@ -535,6 +659,124 @@ def test_show_source_text_is_readable_in_both_themes(probe, mode):
                 worst.append((round(ratio, 2), page_name, text))
     assert seen > 50, f"only {seen} pieces of show_source code found: is the selector stale?"
     assert not worst, f"show_source text below 4.5:1 in {mode} mode: {sorted(worst)[:5]}"
+
+
+# ------------------------------------------------- search, solutions, contents
+
+SEARCH_RESULTS_JS = """() => Array.from(document.querySelectorAll('#search-results ul.search > li'))
+  .map(li => ({href: li.querySelector('a').getAttribute('href'),
+               title: li.querySelector('a').textContent,
+               snippet: li.querySelector('p.context') && li.querySelector('p.context').textContent}))"""
+
+
+def search(browser, server, query: str) -> tuple[list[dict], list[str]]:
+    """The results of the book's search page for ``query``, best first, with their
+    snippets; and the page's JavaScript errors."""
+    context = browser.new_context(viewport=DESKTOP)
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(f"{server}/search.html?q={quote_plus(query)}", wait_until="load")
+        page.wait_for_function(
+            "() => { const s = document.querySelector('#search-results .search-summary');"
+            " return s && s.textContent.trim().length > 0; }", timeout=30000)
+        # Each snippet is fetched from its page after the list is shown.
+        page.wait_for_load_state("networkidle")
+        page.wait_for_timeout(300)
+        results = page.evaluate(SEARCH_RESULTS_JS)
+    finally:
+        context.close()
+    return results, errors
+
+
+def test_search_ranks_the_kv_cache_chapter_first(server, browser):
+    """Chapter 9 teaches the KV cache (three headings say so); chapter 10 uses it
+    in one section. Searching "KV cache" lists chapter 9 first."""
+    results, errors = search(browser, server, "KV cache")
+    pages = [urlparse(r["href"]).path for r in results]
+    kv_chapter = next(c for c in CHAPTERS if c.startswith("chapters/09_")) + ".html"
+    assert not errors, errors
+    assert pages and pages[0] == kv_chapter, (
+        f"first results for 'KV cache': {[r['title'] for r in results[:4]]}")
+
+
+def test_search_snippets_show_no_tex(server, browser):
+    """The snippet under each result is cut from the page's HTML, where math is TeX
+    source; the reader sees it without TeX's delimiters."""
+    results, errors = search(browser, server, "scaled dot product")
+    snippets = [r["snippet"] for r in results if r["snippet"]]
+    assert not errors, errors
+    assert len(snippets) >= 5, f"only {len(snippets)} snippets: {results}"
+    tex = [s for s in snippets if any(d in s for d in ("\\(", "\\)", "\\[", "\\]", "$$"))]
+    assert not tex, f"snippets with TeX delimiters: {tex[:3]}"
+
+
+def test_a_click_on_a_solution_title_opens_the_solution(server, browser):
+    """A solution's title is mostly its link back to the exercise ("Solution to
+    Exercise 1.1 (...)"); a click on it opens the solution, and closes it again,
+    without leaving the solution."""
+    context = browser.new_context(viewport=DESKTOP)
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(f"{server}/{CHAPTERS[0]}.html", wait_until="load")
+        page.wait_for_load_state("networkidle")
+        solution = page.locator(".solution.dropdown").first
+        content = solution.locator(":scope > :not(.admonition-title)").first
+        link = solution.locator(".admonition-title a").first
+        assert link.count() == 1 and "Exercise" in link.inner_text()
+        assert not content.is_visible(), "the solution is open before any click"
+        url = page.url
+        link.click()
+        page.wait_for_timeout(300)
+        assert content.is_visible(), "a click on the solution's title did not open it"
+        assert page.url == url, f"the click left for {page.url}"
+        solution.locator(".admonition-title").click(position={"x": 40, "y": 10})
+        page.wait_for_timeout(300)
+        assert not content.is_visible(), "a second click on the title did not close it"
+        assert not errors, errors
+    finally:
+        context.close()
+
+
+# Every entry of the contents beside a page (pydata-sphinx-theme shows the deeper
+# levels of the section being read; here all are shown at once).
+SECONDARY_TOC_JS = r"""() => {
+  const style = document.createElement('style');
+  style.textContent = '.bd-sidebar-secondary nav.page-toc ul { display: block !important; }';
+  document.head.appendChild(style);
+  const side = document.querySelector('.bd-sidebar-secondary');
+  const cs = getComputedStyle(side);
+  const edge = side.getBoundingClientRect().right - parseFloat(cs.paddingRight)
+               - parseFloat(cs.borderRightWidth);
+  const links = Array.from(side.querySelectorAll('nav.page-toc a'))
+    .filter(a => a.offsetParent !== null);
+  const clipped = links.filter(a => a.scrollWidth > a.clientWidth + 1 ||
+      [a, ...a.querySelectorAll('*')].some(e => e.getBoundingClientRect().right > edge + 1))
+    .map(a => a.textContent.trim());
+  return {links: links.length, clipped: clipped,
+          scroll_width: side.scrollWidth, client_width: side.clientWidth};
+}"""
+
+
+def test_api_contents_show_long_names_in_full(built_book, server, browser):
+    """The API page's contents list every module, class and checker; at 1280 px
+    a long name (check_prefix_matching_score()) wraps within the sidebar."""
+    context = browser.new_context(viewport=DESKTOP)
+    page = context.new_page()
+    try:
+        page.goto(f"{server}/api.html", wait_until="load")
+        page.wait_for_load_state("networkidle")
+        toc = page.evaluate(SECONDARY_TOC_JS)
+    finally:
+        context.close()
+    assert toc["links"] > 100, f"only {toc['links']} entries in the API page's contents"
+    assert not toc["clipped"], f"{len(toc['clipped'])} entries cut at the sidebar's edge:" \
+                               f" {toc['clipped'][:5]}"
+    assert toc["scroll_width"] <= toc["client_width"], (
+        f"the contents scroll sideways: {toc['scroll_width']} px in {toc['client_width']} px")
 
 
 # ------------------------------------------------------------ API reference

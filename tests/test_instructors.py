@@ -63,8 +63,10 @@ def assignment(folder: Path, submission: str) -> Path:
 def test_install_line_is_the_configured_repository_at_the_release_tag():
     url, ref = CONFIG["repository"]["url"], CONFIG["repository"]["attnlib_ref"]
     assert ref == f"v{PYPROJECT_VERSION}"
-    lines = re.findall(r'pip install "attnlib @ git\+[^"]*"', INSTRUCTORS)
-    assert lines == [f'pip install "attnlib @ git+{url}@{ref}"'], lines
+    # One command, continued over two lines to fit the code box's 88 characters.
+    lines = re.findall(r'pip install \\\n\s*"attnlib @ git\+[^"]*"', INSTRUCTORS)
+    assert [re.sub(r"\\\n\s*", "", line) for line in lines] == [
+        f'pip install "attnlib @ git+{url}@{ref}"'], lines
 
 
 # --- the pytest plugin --------------------------------------------------------------------
@@ -121,7 +123,7 @@ def test_otter_grades_a_right_and_a_wrong_submission(tmp_path):
         path.parent.mkdir(exist_ok=True)
         path.write_text(block)
     # The pinned install line, as the page says, for the grading image.
-    install = re.search(r'pip install "(attnlib @ .*?)"', INSTRUCTORS).group(1)
+    install = re.search(r'pip install \\\n\s*"(attnlib @ .*?)"', INSTRUCTORS).group(1)
     (tmp_path / "requirements.txt").write_text(install + "\n")
     commands = re.search(r"```bash\n(otter generate .*?)\n```", INSTRUCTORS, re.S).group(1)
     generate, run = [shlex.split(line) for line in commands.splitlines()]

@@ -1,0 +1,58 @@
+/* The course's additions to the book's pages (Jupyter Book adds every .js file
+ * in _static/ to every page). tests/test_book.py checks each in a browser.
+ *
+ * (1) A solution opens from its whole title.
+ * sphinx-exercise titles a solution "Solution to <a>Exercise 1.2 (...)</a>", and
+ * sphinx-togglebutton makes the title a dropdown's handle. A click on the link,
+ * which is most of the title, followed the link back to the exercise (just
+ * above) and did not open the solution; only the chevron and the words
+ * "Solution to" did. A click anywhere on a dropdown's title now opens or closes
+ * it; with Ctrl, Cmd or Shift held (or the middle button) the link still opens
+ * the exercise.
+ *
+ * (2) Long names in the contents wrap at their joints.
+ * The contents beside the API page list names such as check_prefix_matching_score();
+ * course.css lets them wrap, and a <wbr> after each dot (or, in a name without
+ * one, each underscore) lets them wrap there rather than mid-word.
+ */
+"use strict";
+
+(() => {
+  const TITLE = ".admonition.dropdown > .admonition-title";
+
+  document.addEventListener(
+    "click",
+    (event) => {
+      const title = event.target.closest && event.target.closest(TITLE);
+      if (!title || event.target.closest(".toggle-button")) return;
+      const link = event.target.closest("a");
+      if (link && (event.ctrlKey || event.metaKey || event.shiftKey || event.button !== 0)) return;
+      const button = title.querySelector(".toggle-button");
+      if (!button) return;
+      // Not the link's jump, and not togglebutton's own handler on the title (which
+      // finds no button for a click on the link): the button's click toggles.
+      event.preventDefault();
+      event.stopPropagation();
+      button.click();
+    },
+    true,
+  );
+
+  const breakNames = () => {
+    const spans = document.querySelectorAll(".bd-sidebar-secondary nav.page-toc code span.pre");
+    for (const span of spans) {
+      if (span.children.length || !/[._]/.test(span.textContent)) continue;
+      // After each dot where there is one (DotProductVariance.|num_samples), else
+      // after each underscore (check_weight_|transfer()).
+      const joint = span.textContent.includes(".") ? /(?<=\.)/ : /(?<=_)/;
+      const pieces = span.textContent.split(joint);
+      span.textContent = "";
+      pieces.forEach((piece, i) => {
+        if (i) span.appendChild(document.createElement("wbr"));
+        span.appendChild(document.createTextNode(piece));
+      });
+    }
+  };
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", breakNames);
+  else breakNames();
+})();
