@@ -16,12 +16,14 @@ __all__ = ["plot_attention"]
 #: Colour-blind-safe, perceptually uniform colormap used for every attention map.
 ATTENTION_CMAP = "viridis"
 
-#: Widest default figure, in inches: 720 px at 100 dpi, the book's column width,
-#: so the book shows the figure at full size instead of shrinking its text.
-MAX_FIGURE_WIDTH = 7.2
+#: Widest default figure, in inches: 500 px at 100 dpi. The book shows figures at
+#: 100 CSS px per inch; a 390-px phone's 342 px column shrinks anything wider, and
+#: at 5.0 in the book style's 12 pt text still shows at 11 CSS px there.
+MAX_FIGURE_WIDTH = 5.0
 
-#: Smallest font, in points, for the weights written in the cells.
-ANNOTATION_FONTSIZE = 10
+#: Font size, in points, of the weights written in the cells: the book style's
+#: smallest size (``tests/test_figure_style.py`` checks nothing is smaller).
+ANNOTATION_FONTSIZE = 12
 
 
 def plot_attention(
@@ -43,9 +45,9 @@ def plot_attention(
         tokens: labels for the axes. Length ``num_tokens_kv`` labels the
             columns (keys); it also labels the rows when the matrix is square.
         ax: a matplotlib ``Axes`` to draw on; when None a new figure is made,
-            sized to the matrix but at most 7.2 in wide (the book's column).
+            sized to the matrix but at most 5.0 in wide (legible on a phone).
         title: the axes' title.
-        annotate: write each weight in its cell (10 pt); default on for
+        annotate: write each weight in its cell (12 pt); default on for
             matrices of at most 10 x 10.
         vmax: the weight drawn in the brightest colour (the colour scale starts
             at 0); default the largest weight. Give several maps one ``vmax``
@@ -86,7 +88,8 @@ def plot_attention(
         width, height = 1.0 + 0.7 * n_kv, 0.8 + 0.6 * n_q
         if width > MAX_FIGURE_WIDTH:  # keep the cells' aspect, shrink both sides
             width, height = MAX_FIGURE_WIDTH, height * MAX_FIGURE_WIDTH / width
-        _, ax = plt.subplots(figsize=(width, height))
+        # constrained layout keeps the labels inside the figure's width
+        _, ax = plt.subplots(figsize=(width, height), layout="constrained")
     image = ax.imshow(weights.numpy(), cmap=ATTENTION_CMAP, vmin=0.0, vmax=vmax, aspect="auto")
     ax.figure.colorbar(image, ax=ax, label="attention weight")
     ax.set_xlabel("key (attended to)")
