@@ -441,9 +441,7 @@ def test_no_page_is_wider_than_a_phone(built_book, probe):
     assert not wide, f"pages wider than {PHONE['width']} px, or content cut at its edge: {wide}"
 
 
-# The chapters and the API page; intro.md and instructors.md still have code boxes that
-# scroll at 1280 px (issue 21 left open for them).
-@pytest.mark.parametrize("page_name", [p for p in toc_pages() if p not in {"intro", "instructors"}])
+@pytest.mark.parametrize("page_name", toc_pages())
 def test_code_lines_fit_their_box_on_a_desktop(probe, page_name):
     """At 1280 px a code line of MAX_CODE_LINE characters fits its box: in a code
     cell, an exercise, an opened solution, an API entry, the landing page."""

@@ -178,3 +178,34 @@ def test_no_text_promises_an_unnamed_later_chapter(path):
             assert re.search(r"\]\([^)]*\.ipynb", around), (
                 f"{path.name}: promises a {match.group(0)!r} without linking it: {around!r}"
             )
+
+
+# Code in the book's pages: fenced code and code cells of the Markdown pages, and fenced
+# code in the chapters' Markdown cells (their code cells are checked by ruff). Other
+# directives ({table}, {exercise}, ...) hold text, which wraps.
+CODE_BLOCK = re.compile(r"^(`{3,})(\S*)[^\n]*\n(.*?)^\1\s*$", re.MULTILINE | re.DOTALL)
+MAX_CODE_LINE = 88
+
+
+def _code_blocks_of_pages() -> list[tuple[str, str]]:
+    blocks = []
+    for page in sorted(ROOT.glob("*.md")):
+        if page.name in {"README.md", "CONTRIBUTING.md"}:
+            continue
+        blocks += [(page.name, m.group(3)) for m in CODE_BLOCK.finditer(page.read_text())
+                   if not m.group(2).startswith("{") or m.group(2) == "{code-cell}"]
+    for path in NOTEBOOKS:
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type == "markdown":
+                blocks += [(path.name, m.group(3)) for m in CODE_BLOCK.finditer(cell.source)
+                           if not m.group(2).startswith("{")]
+    return blocks
+
+
+def test_code_on_the_pages_fits_88_characters():
+    """The book's code box shows 88 characters at 1280 px (tests/test_book.py checks it
+    in the browser); this finds a longer line in the source, without a build."""
+    long = [f"{name}: {len(line)} characters: {line.strip()[:60]!r}"
+            for name, code in _code_blocks_of_pages()
+            for line in code.splitlines() if len(line) > MAX_CODE_LINE]
+    assert not long, f"code lines over {MAX_CODE_LINE} characters: {long}"
