@@ -3,15 +3,23 @@ so ``import attnlib`` stays light."""
 
 from __future__ import annotations
 
+import base64
+import html
+import io
+import re
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 if TYPE_CHECKING:
+    import numpy as np
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
-__all__ = ["plot_attention"]
+__all__ = ["animate_attention_maps", "plot_attention"]
 
 #: Colour-blind-safe, perceptually uniform colormap used for every attention map.
 ATTENTION_CMAP = "viridis"
@@ -112,3 +120,164 @@ def plot_attention(
     if title is not None:
         ax.set_title(title)
     return ax
+
+
+def _palette_frames(page: str) -> str:
+    """``page`` with each embedded PNG frame reduced to 256 colours (Pillow's fast
+    octree, alpha kept): about a quarter of the bytes, no visible change on a
+    map drawn in one colormap."""
+    from PIL import Image
+
+    def shrink(match: re.Match[str]) -> str:
+        # matplotlib's player splits the base64 text over lines
+        data = base64.b64decode(re.sub(r"[^A-Za-z0-9+/=]", "", match.group(1)))
+        with Image.open(io.BytesIO(data)) as frame:
+            small = frame.quantize(256, method=Image.Quantize.FASTOCTREE)
+            out = io.BytesIO()
+            small.save(out, format="PNG", optimize=True, dpi=frame.info.get("dpi", (100, 100)))
+        return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+
+    return re.sub(r'data:image/png;base64,([^"]+)', shrink, page)
+
+
+def animate_attention_maps(
+    maps: torch.Tensor,
+    panel_titles: Sequence[str],
+    headlines: Sequence[str],
+    *,
+    alt: str,
+    split: int | None = None,
+    fps: float = 5 / 3,
+) -> str:
+    """An offline HTML player of attention maps changing over frames (training steps).
+
+    matplotlib's JavaScript player (the one ``FuncAnimation.to_jshtml`` makes): play,
+    pause and step buttons and a slider, with every frame embedded in the page as a
+    PNG, so it plays with no network and no server. Show it in a notebook with
+    ``IPython.display.HTML(page)``. Unlike ``to_jshtml`` the frames keep a transparent
+    background, as the book's figures do on the light and the dark page, are reduced
+    to 256 colours (a quarter of the bytes), and the player links no outside style
+    sheet (matplotlib's links Font Awesome from a CDN). A printed page shows the
+    first frame.
+
+    Each frame draws one map per panel, stacked in one column (legible on a phone),
+    on one colour scale from 0 to 1 (:data:`ATTENTION_CMAP`), with the frame's
+    headline above the maps.
+
+    Args:
+        maps: ``(num_frames, num_panels, num_tokens_q, num_tokens_kv)`` attention
+            weights, floating point, every value in ``[0, 1]``; for example a head's
+            weights at several training steps, one panel per layer or head.
+        panel_titles: ``num_panels`` titles, one above each map.
+        headlines: ``num_frames`` lines of text, one above the maps of each frame
+            (say, the training step and the accuracy at that step).
+        alt: the alternative text of the player's image, for screen readers; not
+            empty.
+        split: when given, a white line is drawn before row and column ``split``
+            (for example between a prompt and its continuation);
+            ``1 <= split < min(num_tokens_q, num_tokens_kv)``.
+        fps: frames a second when playing; positive.
+
+    Returns:
+        The player as one HTML string (a ``<div class="animation">`` and its
+        script); its ``<img>`` carries ``alt``.
+
+    Raises:
+        TypeError: ``maps`` is not a floating-point tensor, or a title, headline or
+            ``alt`` is not a string.
+        ValueError: ``maps`` is not 4-dimensional or has an empty dimension, a value
+            lies outside ``[0, 1]`` or is NaN, ``panel_titles`` or ``headlines`` has
+            the wrong length, ``alt`` is empty, ``split`` is out of range, or
+            ``fps`` is not positive.
+
+    Source: no formula; the player is ``matplotlib.animation.HTMLWriter``.
+    """
+    if not isinstance(maps, torch.Tensor) or not maps.is_floating_point():
+        kind = maps.dtype if isinstance(maps, torch.Tensor) else type(maps).__name__
+        raise TypeError(f"maps must be a floating-point tensor, got {kind}")
+    if maps.ndim != 4 or 0 in maps.shape:
+        raise ValueError(
+            "maps must be (num_frames, num_panels, num_tokens_q, num_tokens_kv) with no "
+            f"empty dimension, got shape {tuple(maps.shape)}"
+        )
+    weights = maps.detach().float().cpu()
+    if weights.isnan().any() or weights.min() < 0 or weights.max() > 1:
+        raise ValueError(
+            "maps must hold attention weights in [0, 1], got values from "
+            f"{weights.min().item():.4g} to {weights.max().item():.4g}"
+        )
+    num_frames, num_panels, n_q, n_kv = weights.shape
+    for name, texts, count in (("panel_titles", panel_titles, num_panels),
+                               ("headlines", headlines, num_frames)):
+        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+            raise TypeError(f"{name} must be a sequence of strings, got {texts!r}")
+        if len(texts) != count:
+            raise ValueError(f"{name} has {len(texts)} entries, expected {count}")
+    if not isinstance(alt, str):
+        raise TypeError(f"alt must be a string, got {type(alt).__name__}")
+    if not alt.strip():
+        raise ValueError("alt must describe the animation, got an empty string")
+    if split is not None and not 1 <= split < min(n_q, n_kv):
+        raise ValueError(f"split must be in [1, {min(n_q, n_kv) - 1}], got {split}")
+    if not fps > 0:
+        raise ValueError(f"fps must be positive, got {fps}")
+
+    import matplotlib.pyplot as plt
+
+    height = 0.9 + 3.9 * num_panels * min(n_q / n_kv, 1.5)
+    with plt.style.context("attnlib.book"):  # the book's text sizes, transparent face
+        fig, axes = plt.subplots(num_panels, 1, figsize=(MAX_FIGURE_WIDTH, height),
+                                 layout="constrained", squeeze=False)
+        return _draw_player(fig, axes, weights, panel_titles, headlines, alt, split, fps)
+
+
+def _draw_player(fig: Figure, axes: np.ndarray, weights: torch.Tensor,
+                 panel_titles: Sequence[str], headlines: Sequence[str], alt: str,
+                 split: int | None, fps: float) -> str:
+    """animate_attention_maps' drawing, inside the book's style."""
+    import matplotlib.pyplot as plt
+    from matplotlib.animation import FuncAnimation, HTMLWriter
+
+    class TransparentFrames(HTMLWriter):
+        # matplotlib paints an animation's frames onto the figure's face colour,
+        # because most video formats have no alpha channel; the player's PNG frames
+        # have one, so they can stay transparent like the book's figures.
+        def _supports_transparency(self) -> bool:
+            return True
+
+    num_frames, num_panels, n_q, n_kv = weights.shape
+    images = []
+    step = 4 if max(n_q, n_kv) <= 16 else 8
+    for panel, (ax, title) in enumerate(zip(axes[:, 0], panel_titles, strict=True)):
+        images.append(ax.imshow(weights[0, panel].numpy(), cmap=ATTENTION_CMAP,
+                                vmin=0.0, vmax=1.0))
+        if split is not None:
+            ax.axhline(split - 0.5, color="white", lw=0.8)
+            ax.axvline(split - 0.5, color="white", lw=0.8)
+        ax.set_title(title)
+        ax.set_xticks(range(0, n_kv, step))
+        ax.set_yticks(range(0, n_q, step))
+        ax.set_ylabel("query position")
+    axes[-1, 0].set_xlabel("key position")
+    fig.colorbar(images[0], ax=axes, shrink=0.6, label="attention weight")
+    suptitle = fig.suptitle(headlines[0])
+
+    def draw(frame: int) -> list:
+        for panel, image in enumerate(images):
+            image.set_data(weights[frame, panel].numpy())
+        suptitle.set_text(headlines[frame])
+        return images
+
+    player = FuncAnimation(fig, draw, frames=num_frames)
+    try:
+        with tempfile.TemporaryDirectory() as folder:  # to_jshtml's steps, but with
+            path = Path(folder, "player.html")  # transparent frames
+            # matplotlib's type stub says int; the player takes any positive rate
+            writer = TransparentFrames(fps=fps, embed_frames=True,  # type: ignore[arg-type]
+                                       default_mode="once")
+            player.save(path, writer=writer)
+            page = _palette_frames(path.read_text())
+    finally:
+        plt.close(fig)  # the player shows the frames; no still figure below it
+    page = re.sub(r"<link[^>]*font-awesome[^>]*>", "", page)
+    return page.replace("<img id=", f'<img alt="{html.escape(alt)}" id=', 1)

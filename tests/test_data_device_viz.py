@@ -62,12 +62,14 @@ def test_plot_attention_draws_labelled_heatmap():
 
 @pytest.mark.parametrize("num_tokens", [2, 6, 10, 24, 64])
 def test_plot_attention_default_figure_fits_the_book_column(num_tokens):
-    """At most 7.2 in wide (720 px at 100 dpi) so the book never shrinks it."""
+    """At most MAX_FIGURE_WIDTH (5.0 in, 500 px at 100 dpi) wide, so that a phone's
+    column shrinks it little and its text stays legible."""
     weights = torch.full((num_tokens, num_tokens), 1.0 / num_tokens)
     ax = attnlib.plot_attention(weights)
     try:
         width, height = ax.figure.get_size_inches()
-        assert width <= 7.2 + 1e-9, f"{num_tokens} tokens: {width:.2f} in wide"
+        assert attnlib.viz.MAX_FIGURE_WIDTH == 5.0
+        assert width <= 5.0 + 1e-9, f"{num_tokens} tokens: {width:.2f} in wide"
         assert height > 0.5 * width or num_tokens < 6, "cells keep roughly their aspect"
         sizes = [t.get_fontsize() for t in ax.texts]
         assert all(size >= 10 for size in sizes), f"annotation fonts {sorted(set(sizes))} pt"
@@ -96,6 +98,63 @@ def test_plot_attention_rejects_bad_input():
         attnlib.plot_attention(torch.zeros(3, 3), vmax=0)
     with pytest.raises(TypeError, match="floating point, got torch.int64"):
         attnlib.plot_attention(torch.zeros(3, 3, dtype=torch.int64))
+
+
+def _frames(page):
+    """The PNG frames that a player embeds, decoded (Pillow images, RGBA)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    found = re.findall(r'data:image/png;base64,([^"]+)', page)
+    return [Image.open(io.BytesIO(base64.b64decode(re.sub(r"[^A-Za-z0-9+/=]", "", f))))
+            .convert("RGBA") for f in found]
+
+
+def test_animate_attention_maps_embeds_one_transparent_frame_per_step():
+    torch.manual_seed(0)
+    maps = torch.softmax(torch.randn(3, 2, 6, 6), dim=-1)  # 3 frames, 2 panels
+    figures_before = plt.get_fignums()
+    page = attnlib.viz.animate_attention_maps(
+        maps, ["layer 0", "layer 1"], ["step 0", "step 5", "step 10"],
+        alt='Maps "before" & after', split=3)
+    assert plt.get_fignums() == figures_before, "the figure is closed, not shown twice"
+    frames = _frames(page)
+    assert len(frames) == 3
+    # one column of panels, 5 in wide at 100 dpi; the corners keep the page's background
+    assert all(f.width == 500 and f.height > f.width for f in frames)
+    assert all(f.getpixel((0, 0))[3] == 0 for f in frames), "frames are not transparent"
+    assert frames[0].tobytes() != frames[1].tobytes(), "the frames do not change"
+    assert 'alt="Maps &quot;before&quot; &amp; after"' in page
+    assert "font-awesome" not in page and "<link" not in page, "the player links a CDN"
+    assert '<div class="animation"' in page
+
+
+def test_animate_attention_maps_rejects_bad_input():
+    maps = torch.full((2, 1, 4, 4), 0.25)
+    ok = {"panel_titles": ["head"], "headlines": ["a", "b"], "alt": "maps"}
+    animate = attnlib.viz.animate_attention_maps
+    with pytest.raises(ValueError, match=r"got shape \(1, 4, 4\)"):
+        animate(maps[0], **ok)
+    with pytest.raises(TypeError, match="floating-point tensor, got torch.int64"):
+        animate(maps.long(), **ok)
+    with pytest.raises(TypeError, match="floating-point tensor, got list"):
+        animate([[0.5]], **ok)
+    with pytest.raises(ValueError, match=r"in \[0, 1\], got values from 2 to 2"):
+        animate(maps * 8, **ok)
+    with pytest.raises(ValueError, match="headlines has 3 entries, expected 2"):
+        animate(maps, **{**ok, "headlines": ["a", "b", "c"]})
+    with pytest.raises(ValueError, match="panel_titles has 2 entries, expected 1"):
+        animate(maps, **{**ok, "panel_titles": ["x", "y"]})
+    with pytest.raises(TypeError, match="headlines must be a sequence of strings"):
+        animate(maps, **{**ok, "headlines": "ab"})
+    with pytest.raises(ValueError, match="empty string"):
+        animate(maps, **{**ok, "alt": "  "})
+    with pytest.raises(ValueError, match=r"split must be in \[1, 3\], got 4"):
+        animate(maps, **ok, split=4)
+    with pytest.raises(ValueError, match="fps must be positive, got 0"):
+        animate(maps, **ok, fps=0)
 
 
 def test_show_source_returns_the_package_code():
