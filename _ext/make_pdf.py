@@ -6,11 +6,15 @@ The page is served from 127.0.0.1 and every request off this machine is
 blocked, so the PDF is made offline. Before printing, the script waits for
 MathJax to typeset every formula and for every image to load, opens every
 dropdown (exercise solutions, hidden code), starts each chapter on a new page,
-adds the version, the date and the authors to the title page, and shrinks each
-output block that is wider than the column until its longest line fits
-(``_static/print.css`` has the print rules). It prints twice: the first print
-tells on which page each chapter starts, and the second writes those numbers
-into the contents, in boxes reserved before the first print so that nothing
+adds the version, the date and the authors to the title page, shrinks each
+output block that is wider than the column until its longest line fits, and
+keeps the opening lines of a code block together where blank lines follow them
+(``_static/print.css`` has the print rules). It prints twice or more: a code
+cell or other box that would end a page in an empty stretch of its colour (its
+next line did not fit below two blank lines of code) starts on the next page
+instead, found by a scan of the printed pages and printed again; the last of
+these prints tells on which page each chapter starts, and the final one writes
+those numbers into the contents, in boxes reserved before so that nothing
 moves. The PDF has a bookmark (outline entry) for each chapter and section.
 The HTML book's next build copies the PDF next to its pages and links it from
 the introduction (``make pdf`` runs that build; see ``_ext/course_html.py``).
@@ -45,6 +49,16 @@ PRINT_WIDTH_PX = round((210 - 2 * SIDE_MARGIN_MM) / 25.4 * 96)
 # column is shrunk until its longest line fits, but not below this.
 CODE_PX = 12
 SMALLEST_CODE_PX = 7
+# A code block's opening lines, followed by blank lines, are kept together up to
+# the next line of code (see PREPARE) where they are this many lines or fewer.
+KEPT_LINES = 6
+# A page whose box (a code cell, an exercise) ends in an empty stretch this tall
+# (cm) at the page's foot: the code cell or box that breaks there starts on the
+# next page instead, where it starts low enough on the page (a fraction of the
+# text area) to leave the page at least half full. tests/test_pdf.py fails at 1 cm.
+FOOT_CM = 0.8
+FOOT_START = 0.55
+FOOT_ROUNDS = 3
 # A line too wide even at the smallest size (a long message) wraps, at spaces
 # only, at this size: readable, and its alignment is lost anyway.
 WRAPPED_CODE_PX = 9
@@ -94,6 +108,49 @@ PREPARE = """(meta) => {
       shrunk += 1;
     }
   });
+  // A code block that opens with a few lines and then blank lines (the two
+  // before a `def`): where a page has room for those lines only, it would end in
+  // them and the blank lines, the rest of the box empty at the foot of the page.
+  // Its first lines up to the next line of code stay together (orphans), so
+  // that the block then starts on the next page, whole.
+  let kept = 0;
+  document.querySelectorAll('.bd-article pre').forEach(pre => {
+    const lines = pre.textContent.replace(/\\n$/, '').split('\\n');
+    const blank = lines.findIndex(line => !line.trim());
+    if (blank <= 0) return;
+    let next = blank;
+    while (next < lines.length && !lines[next].trim()) next++;
+    if (next >= lines.length || next + 1 > meta.kept) return;
+    pre.style.setProperty('orphans', String(next + 1), 'important');
+    kept += 1;
+  });
+  // The boxes that may start on the next page instead (print_pdf): each code
+  // cell, code block outside a cell and exercise or note, with an id (Chromium
+  // writes a named destination for it) and the id of what follows it.
+  const boxes = [];
+  document.querySelectorAll('.bd-article div.cell, .bd-article div[class*="highlight-"], '
+                            + '.bd-article .admonition').forEach(box => {
+    if (box.closest('div.cell') !== box && box.closest('div.cell')) return;
+    let after = box;
+    while (after && !after.nextElementSibling) after = after.parentElement;
+    after = after && after.nextElementSibling;
+    if (!after) return;
+    const n = boxes.length;
+    if (!box.id) box.id = 'course-box-' + n;
+    if (!after.id) after.id = 'course-after-' + n;
+    boxes.push({target: box.id, after: after.id});
+  });
+  // Chromium writes a named destination only for an element that a link points
+  // to: links to the boxes, never shown.
+  const links = document.createElement('div');
+  links.style.display = 'none';
+  links.setAttribute('aria-hidden', 'true');
+  boxes.forEach(box => [box.target, box.after].forEach(id => {
+    const a = document.createElement('a');
+    a.href = '#' + id;
+    links.appendChild(a);
+  }));
+  document.body.appendChild(links);
   // A table wider than the column (long code names, formulas in its cells):
   // a smaller font, down to 70 %, rather than names broken in the middle.
   let tables = 0;
@@ -183,7 +240,7 @@ PREPARE = """(meta) => {
     .slice(0, 5).map(e => e.tagName + '.' + e.className + ': '
                          + (e.textContent || '').trim().slice(0, 60));
   return {chapters: starts.length, width: width, wide: wide, entries: entries, outline: outline,
-          shrunk: shrunk, wrapped: wrapped, tables: tables};
+          shrunk: shrunk, wrapped: wrapped, tables: tables, kept: kept, boxes: boxes};
 }"""
 
 # Write the page numbers into the contents' boxes (the same order as ``entries``).
@@ -192,6 +249,12 @@ NUMBER = """(numbers) => {
   boxes.forEach((box, i) => { box.textContent = numbers[i] === null ? '' : String(numbers[i]); });
   return boxes.length;
 }"""
+
+
+# Start these boxes (element ids) on a new page.
+MOVE = """(ids) => ids.forEach(id => {
+  document.getElementById(id).style.setProperty('break-before', 'page', 'important');
+})"""
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -213,7 +276,7 @@ def book_metadata() -> dict:
            else dt.datetime.now(dt.timezone.utc)).date()
     return {"authors": str(config.get("author", "")), "version": attnlib.__version__,
             "date": f"{day.day} {day:%B %Y}", "smallest": SMALLEST_CODE_PX,
-            "wrapped": WRAPPED_CODE_PX}
+            "wrapped": WRAPPED_CODE_PX, "kept": KEPT_LINES}
 
 
 def destination_pages(data: bytes, ids: list[str]) -> list[int | None]:
@@ -228,6 +291,105 @@ def destination_pages(data: bytes, ids: list[str]) -> list[int | None]:
         dest = named.get("/" + target) or named.get(target)
         pages.append(None if dest is None else reader.get_destination_page_number(dest) + 1)
     return pages
+
+
+def destination_tops(data: bytes, ids: list[str]) -> list[tuple[int, float] | None]:
+    """The page (from 1) and the height of the top (points from the page's top) of
+    each element id of ``ids`` in a PDF printed by Chromium."""
+    from pypdf import PdfReader
+
+    reader = PdfReader(io.BytesIO(data))
+    named = reader.named_destinations
+    out = []
+    for target in ids:
+        dest = named.get("/" + target) or named.get(target)
+        if dest is None or dest.get("/Top") is None:
+            out.append(None)
+            continue
+        number = reader.get_destination_page_number(dest)
+        height = float(reader.pages[number].mediabox.height)
+        out.append((number + 1, height - float(dest["/Top"])))
+    return out
+
+
+def _filled(row) -> bool:
+    """A row of pixels (RGB) is one non-white colour across half its width or more."""
+    import numpy as np
+
+    nonwhite = row.min(axis=1) < 253
+    if nonwhite.mean() < 0.5:
+        return False
+    colour = (row[:, 0] // 4 << 12) | (row[:, 1] // 4 << 6) | row[:, 2] // 4
+    _, counts = np.unique(colour[nonwhite], return_counts=True)
+    return counts.max() >= 0.5 * row.shape[0]
+
+
+def empty_feet(data: bytes) -> dict[int, tuple[float, float, float]]:
+    """The pages (from 1) whose text area ends in an empty stretch of a box: rows up
+    to the foot, each filled with one non-white colour across at least half the
+    column, with no text or image on them. For each, the stretch's height in cm,
+    where it starts and how tall the text area is (points from the area's top).
+    tests/test_pdf.py's page_scan measures every empty box this way."""
+    import numpy as np
+    import pypdfium2 as pdfium
+    import pypdfium2.raw as pdfium_c
+
+    mm = 72 / 25.4
+    pdf = pdfium.PdfDocument(data)
+    feet = {}
+    for index in range(len(pdf)):
+        page = pdf[index]
+        img = np.asarray(page.render(scale=1).to_pil().convert("RGB")).astype(np.int32)
+        height, width, _ = img.shape
+        top, bottom = round(16 * mm), height - round(16 * mm)
+        left, right = round(SIDE_MARGIN_MM * mm), width - round(SIDE_MARGIN_MM * mm)
+        area = img[top:bottom, left:right]
+        rows = area.shape[0]
+        y = rows
+        while y > 0 and _filled(area[y - 1]):
+            y -= 1
+        if rows - y < FOOT_CM * 10 * mm:
+            continue
+        # Text or an image in the stretch ends it there.
+        spans = []
+        text = page.get_textpage()
+        for i in range(text.count_chars()):
+            x0, low, x1, high = text.get_charbox(i)
+            if x1 > x0:
+                spans.append((round(height - high) - top, round(height - low) - top + 1))
+        for obj in page.get_objects(filter=[pdfium_c.FPDF_PAGEOBJ_IMAGE]):
+            _, low, _, high = obj.get_bounds()
+            spans.append((round(height - high) - top, round(height - low) - top + 1))
+        y = max([y] + [min(end, rows) for start, end in spans if end > y and start < rows])
+        if rows - y >= FOOT_CM * 10 * mm:
+            feet[index + 1] = ((rows - y) / mm / 10, y, rows)
+    return feet
+
+
+def boxes_to_move(data: bytes, boxes: list[dict]) -> tuple[list[str], list[int]]:
+    """The boxes of ``boxes`` (``target``: a box's id, ``after``: the id of what
+    follows it) that end a page in an empty stretch (empty_feet) and start low
+    enough on it to start on the next page instead; and the pages with an empty
+    stretch that no box can be moved to mend."""
+    feet = empty_feet(data)
+    if not feet:
+        return [], []
+    mm = 72 / 25.4
+    starts = destination_tops(data, [box["target"] for box in boxes])
+    afters = destination_tops(data, [box["after"] for box in boxes])
+    move, left = [], []
+    for number, (_, stretch, rows) in sorted(feet.items()):
+        # The last box (in the book's order) that starts on this page and goes on
+        # past it: the box that breaks at the foot.
+        found = None
+        for box, start, after in zip(boxes, starts, afters, strict=True):
+            if start and start[0] == number and after and after[0] > number:
+                found = (box, start[1] - round(16 * mm))
+        if found and rows * FOOT_START <= found[1] < stretch:
+            move.append(found[0]["target"])
+        else:
+            left.append(number)
+    return move, left
 
 
 def with_outline(data: bytes, outline: list[dict]) -> bytes:
@@ -318,7 +480,19 @@ def print_pdf(html: Path, pdf: Path) -> dict:
             targets = [entry["target"] for entry in layout["entries"]]
             # First print: where each chapter starts. The numbers go into boxes
             # of fixed width, so the second print has the same pages.
-            first = destination_pages(page.pdf(**options), targets)
+            # A box that ends a page in an empty stretch (its next lines did not
+            # fit, two blank lines of code before them) starts on the next page.
+            moved, left = [], []
+            for attempt in range(FOOT_ROUNDS + 1):
+                data = page.pdf(**options)
+                move, left = boxes_to_move(data, layout["boxes"])
+                move = [target for target in move if target not in moved]
+                if not move or attempt == FOOT_ROUNDS:
+                    break
+                page.evaluate(MOVE, move)
+                moved += move
+            layout["moved"], layout["feet_left"] = len(moved), left
+            first = destination_pages(data, targets)
             page.evaluate(NUMBER, first)
             data = page.pdf(**options)
             second = destination_pages(data, targets)
@@ -351,7 +525,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.pdf} ({layout['chapters']} pages of the book, each from a new sheet),"
           f" laid out {layout['width']} px wide in a {PRINT_WIDTH_PX} px column")
     print(f"{layout['shrunk']} wide code or output blocks printed smaller, {layout['wrapped']}"
-          f" wrapped at spaces, {layout['tables']} wide tables printed smaller")
+          f" wrapped at spaces, {layout['tables']} wide tables printed smaller,"
+          f" {layout['kept']} code blocks keep their opening lines together,"
+          f" {layout['moved']} boxes start on the next page rather than end a page"
+          f" in an empty stretch")
+    if layout["feet_left"]:
+        print(f"pages still ending in an empty stretch of a box >= {FOOT_CM} cm:"
+              f" {layout['feet_left']}")
     for entry in layout["entries"]:
         print(f"contents: page {entry['page']}: {entry['title']}")
     missing = [entry["title"] for entry in layout["entries"] if entry["page"] is None]

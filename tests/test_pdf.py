@@ -219,6 +219,12 @@ WIDGET_LABELS = re.compile(
 MM = 72 / 25.4  # PDF points per millimetre
 CLOSING = ".,;:!?)]}'\""
 BOUNDARY = "\x00"
+# The tallest empty box (or empty foot of a box) allowed on a page, in cm: less
+# than the two lines of prose that a paragraph's widows moved (1.1-1.5 cm), more
+# than the part of a line a page cannot hold (make_pdf.py, print.css). Inside a
+# box, between two lines of text: less than three blank lines of code.
+BOX_CM = 1.0
+GAP_CM = 1.5
 # The space a figure needs above and below its image (the margins between a cell
 # and its output, the line box an image sits in), in points: 1 inch.
 FIGURE_SPACE = 72
@@ -360,7 +366,14 @@ def page_scan(page) -> dict:
     of rows (in cm) filled with one non-white colour (a box's background) that
     holds no text and no image, the height of the text area and how far down it
     is used (points), and the bottom of the first figure with its caption (points
-    from the top of the text area, None without an image)."""
+    from the top of the text area, None without an image).
+
+    A run with a line of text straight above it and straight below it is the
+    inside of a box that goes on, not an empty box: two blank lines in a code
+    cell (PEP 8's, before a ``def``, measure 0.85-0.95 cm), the space between
+    two paragraphs of an exercise. Such runs are ``gap_cm``; ``box_cm`` is the
+    tallest of the others: a box, or the end of a box at the page's foot, with
+    nothing in it."""
     import numpy as np
     import pypdfium2.raw as pdfium_c
 
@@ -389,10 +402,18 @@ def page_scan(page) -> dict:
     for y in np.nonzero(~covered & (nonwhite.mean(axis=1) >= 0.5))[0]:
         _, counts = np.unique(colour[y][nonwhite[y]], return_counts=True)
         fill[y] = counts.max() >= 0.5 * area.shape[1]
-    tallest, run = 0, 0
-    for flag in fill:
-        run = run + 1 if flag else 0
-        tallest = max(tallest, run)
+    tallest, gap, start = 0, 0, None
+    for y, flag in enumerate(np.append(fill, False)):
+        if flag and start is None:
+            start = y
+        elif not flag and start is not None:
+            # Text on the row just above and just below: the inside of a box.
+            enclosed = start > 0 and covered[start - 1] and y < rows and covered[y]
+            if enclosed:
+                gap = max(gap, y - start)
+            else:
+                tallest = max(tallest, y - start)
+            start = None
     inked = nonwhite.any(axis=1) | covered
     used = np.nonzero(inked)[0]
     # The first figure with its caption: from the first image down to the first
@@ -405,22 +426,25 @@ def page_scan(page) -> dict:
             blank = 0 if inked[y] else blank + 1
             y += 1
         figure_bottom = y - blank
-    return {"box_cm": tallest / MM / 10, "rows": rows,
+    return {"box_cm": tallest / MM / 10, "gap_cm": gap / MM / 10, "rows": rows,
             "used": int(used[-1]) + 1 if len(used) else 0, "figure_bottom": figure_bottom}
 
 
 def test_no_empty_boxes_or_half_empty_pages(pdf_text):
     """No page holds a box with nothing in it (the frame a code cell left behind
-    when its code moved to the next page), and no page inside a chapter is more
-    than half empty, unless what comes next is a figure that the empty part
-    could not hold (a figure does not break)."""
+    when its code moved to the next page, or the foot of an exercise whose last
+    lines moved), 1 cm or more, and no page inside a chapter is more than half
+    empty, unless what comes next is a figure that the empty part could not hold
+    (a figure does not break). Inside a box, between two lines of text, no empty
+    stretch of 1.5 cm or more either (two blank lines of code are 0.95 cm)."""
     import pypdfium2 as pdfium
 
     reader, _, _ = pdf_text
     starts = {page for _, page, _ in outline_tree(reader)}  # each page of the book
     pdf = pdfium.PdfDocument(PDF)
     scans = [page_scan(pdf[i]) for i in range(len(pdf))]
-    boxes = {n: round(s["box_cm"], 1) for n, s in enumerate(scans, 1) if s["box_cm"] >= 1.5}
+    boxes = {n: round(s["box_cm"], 2) for n, s in enumerate(scans, 1) if s["box_cm"] >= BOX_CM}
+    gaps = {n: round(s["gap_cm"], 2) for n, s in enumerate(scans, 1) if s["gap_cm"] >= GAP_CM}
     half = {}
     first = min(starts, default=2)
     for n, scan in enumerate(scans, 1):
@@ -433,8 +457,11 @@ def test_no_empty_boxes_or_half_empty_pages(pdf_text):
         if following is not None and following + FIGURE_SPACE > empty:
             continue  # the next page opens with a figure too tall for the gap
         half[n] = f"{empty / scan['rows']:.0%} empty"
-    print(f"{len(pdf)} pages; boxes >= 1.5 cm: {boxes}; half-empty pages: {half}")
+    tallest = max(s["box_cm"] for s in scans)
+    print(f"{len(pdf)} pages; boxes >= {BOX_CM} cm: {boxes} (tallest {tallest:.2f} cm);"
+          f" gaps in a box >= {GAP_CM} cm: {gaps}; half-empty pages: {half}")
     assert not boxes, f"pages with an empty box (cm high): {boxes}"
+    assert not gaps, f"pages with an empty stretch inside a box (cm high): {gaps}"
     assert not half, f"pages more than half empty inside a chapter: {half}"
 
 
