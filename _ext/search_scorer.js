@@ -14,10 +14,21 @@
  * the query, and the more of each heading the query is, the higher the page.
  * Chapter 9 (three such headings) gains 12, chapter 10 (one long one) 2.
  *
- * (2) Snippets without TeX.
+ * (2) Snippets of the page's text, without TeX.
  * The snippet under each result is cut from the page's HTML, where math is still
  * TeX source in span.math / div.math ("\(XX^\top\)"). The math is written as
- * plain text instead (XXᵀ), without its delimiters.
+ * plain text instead (XXᵀ), without its delimiters: \frac{a}{b} as a/b (with
+ * brackets round a part of more than one term), \sqrt{x} as √x, environments
+ * (\begin{aligned} ... \end{aligned}) and alignment marks (&) dropped, other
+ * commands as Unicode or as their bare name.
+ * Sphinx cuts the snippet from the page's [role=main], which in this theme holds
+ * more than the article: the header bar's buttons (Colab, Repository, Suggest
+ * edit, Open issue, .ipynb, .pdf), the print-only title and contents, the
+ * "Contents" sidebar and the previous/next links. A query that matched the
+ * page's title or a heading found its first match there, and the snippet was
+ * "...Colab" or ".pdf Attention in today's language models Contents". These are
+ * removed before the snippet is made (NOT_TEXT below), and so are the toggle
+ * buttons' labels.
  */
 var Scorer = {
   // Sphinx 7.4's defaults (searchtools.js), unchanged.
@@ -82,27 +93,56 @@ const courseTexToText = (tex) => {
     alpha: "α", beta: "β", gamma: "γ", delta: "δ", epsilon: "ε", theta: "θ",
     lambda: "λ", mu: "μ", pi: "π", sigma: "σ", tau: "τ", phi: "φ", omega: "ω",
     Delta: "Δ", Sigma: "Σ", Omega: "Ω", odot: "⊙", otimes: "⊗", pm: "±", mid: "|",
+    partial: "∂", ell: "ℓ", circ: "∘", lVert: "‖", rVert: "‖", Vert: "‖", lceil: "⌈",
+    rceil: "⌉", lnot: "¬", land: "∧", bmod: "mod", quad: " ", qquad: " ",
   };
-  return tex
+  // A group {...} with up to two levels of nested braces inside.
+  const group = String.raw`\{((?:[^{}]|\{(?:[^{}]|\{[^{}]*\})*\})*)\}`;
+  const frac = new RegExp(String.raw`\\[dt]?frac\s*` + group + String.raw`\s*` + group, "g");
+  const sqrt = new RegExp(String.raw`\\sqrt\s*` + group, "g");
+  // A part of a fraction or a root, in brackets where it is more than one term.
+  const part = (text) => {
+    const t = fracs(text).trim();
+    return /[\s+\-−=,/]/.test(t) && !/^√?\([^()]*\)$/.test(t) ? `(${t})` : t;
+  };
+  // Fractions and roots, their parts first (a fraction in a fraction: (a/b)/c).
+  const fracs = (text) => text
+    .replace(frac, (whole, a, b) => `${part(a)}/${part(b)}`)
+    .replace(sqrt, (whole, a) => `√${part(a)}`);
+  const text = tex
     .replace(/^\s*(\\\(|\\\[|\$\$?)/, "")
     .replace(/(\\\)|\\\]|\$\$?)\s*$/, "")
-    .replace(/\^\{?\\top\}?/g, "ᵀ")
+    .replace(/\\(?:begin|end)\s*\{[^{}]*\}(?:\s*\{[lcr|]*\})?/g, " ")
+    .replace(/\^(?:\{\\top\}|\\top)/g, "ᵀ")
     .replace(/\\(?:left|right|big|Big|bigg|Bigg)(?![a-zA-Z])/g, "")
-    .replace(/\\(?:text|mathrm|mathbf|mathit|mathcal|operatorname|textbf|textit|boldsymbol)\s*/g, "")
+    .replace(/\\\\/g, " ")
+    .replace(/\\(?:text|mathrm|mathbf|mathbb|mathit|mathcal|mathsf|mathtt|operatorname|textbf|textit|boldsymbol)\s*/g, "")
+    .replace(/\\(?:hat|tilde|bar|vec|overline|underline|widehat|widetilde|underbrace|overbrace)(?![a-zA-Z])\s*/g, "");
+  return fracs(text)
+    .replace(/\\[dt]?frac\s*([^\s{\\])\s*([^\s{\\])/g, "$1/$2")
     .replace(/\\([a-zA-Z]+)/g, (whole, name) => (name in symbols ? symbols[name] : name))
     .replace(/\\([,;:! ])/g, " ")
     .replace(/\\([{}_%&#$])/g, "$1")
     .replace(/&/g, "")
-    .replace(/\\\\/g, " ")
     .replace(/[{}]/g, "")
     .replace(/\s+/g, " ")
     .trim();
 };
 
+// Parts of a page's [role=main] that are not its text: the header bar, the
+// print-only title and contents, the contents sidebar and its dialog, navigation,
+// the previous/next links and the toggle buttons.
+const NOT_TEXT = [
+  ".bd-header-article", ".header-article-items", "#jb-print-docs-body", ".onlyprint",
+  ".bd-sidebar-secondary", "dialog", "nav", ".prev-next-footer", ".prev-next-area",
+  ".bd-footer-content", ".searchbox", ".toggle-button", "button",
+].join(", ");
+
 if (typeof Search !== "undefined") {
   const sphinxHtmlToText = Search.htmlToText;
   Search.htmlToText = (htmlString, anchor) => {
     const doc = new DOMParser().parseFromString(htmlString, "text/html");
+    doc.querySelectorAll(NOT_TEXT).forEach((element) => element.remove());
     doc.querySelectorAll(".math").forEach((math) => {
       const text = courseTexToText(math.textContent);
       math.replaceWith(doc.createTextNode(math.tagName === "DIV" ? ` ${text} ` : text));

@@ -14,6 +14,13 @@
  * The contents beside the API page list names such as check_prefix_matching_score();
  * course.css lets them wrap, and a <wbr> after each dot (or, in a name without
  * one, each underscore) lets them wrap there rather than mid-word.
+ *
+ * (3) Printed sentences wrap; printed columns do not.
+ * course.css lets a cell's printed output scroll sideways, so that a tensor or a
+ * table keeps its columns on a phone. An output whose lines are all sentences (a
+ * printed CheckFailed message, a result stated in words: no line indented, no
+ * run of two spaces aligning a column, no tensor) is marked course-prose-output,
+ * which wraps it at the box's edge instead, like the page's text.
  */
 "use strict";
 
@@ -53,6 +60,23 @@
       });
     }
   };
-  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", breakNames);
-  else breakNames();
+  const isProse = (text) => {
+    const lines = text.split("\n").filter((line) => line.trim());
+    return lines.length > 0 && lines.every((line) => !/^\s|\S {2,}\S|^(tensor|array)\(/.test(line));
+  };
+  const markProse = () => {
+    const outputs = document.querySelectorAll(
+      ".bd-content div.cell_output .output.stream, .bd-content div.cell_output .output.text_plain");
+    for (const output of outputs) {
+      const pre = output.querySelector("pre");
+      if (pre && isProse(pre.textContent)) output.classList.add("course-prose-output");
+    }
+  };
+
+  const ready = () => {
+    breakNames();
+    markProse();
+  };
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", ready);
+  else ready();
 })();
