@@ -148,6 +148,7 @@ def animate_attention_maps(
     alt: str,
     split: int | None = None,
     fps: float = 5 / 3,
+    still_frame: int = -1,
 ) -> str:
     """An offline HTML player of attention maps changing over frames (training steps).
 
@@ -157,8 +158,9 @@ def animate_attention_maps(
     ``IPython.display.HTML(page)``. Unlike ``to_jshtml`` the frames keep a transparent
     background, as the book's figures do on the light and the dark page, are reduced
     to 256 colours (a quarter of the bytes), and the player links no outside style
-    sheet (matplotlib's links Font Awesome from a CDN). A printed page shows the
-    first frame.
+    sheet (matplotlib's links Font Awesome from a CDN). A printed page, which
+    cannot play, shows ``still_frame`` instead of the player (its own ``<img>``,
+    shown by a ``@media print`` rule in the returned HTML).
 
     Each frame draws one map per panel, stacked in one column (legible on a phone),
     on one colour scale from 0 to 1 (:data:`ATTENTION_CMAP`), with the frame's
@@ -177,6 +179,9 @@ def animate_attention_maps(
             (for example between a prompt and its continuation);
             ``1 <= split < min(num_tokens_q, num_tokens_kv)``.
         fps: frames a second when playing; positive.
+        still_frame: the frame a printed page shows, counted as a Python index
+            (``-1``, the default, is the last frame); the player itself opens on
+            the first frame.
 
     Returns:
         The player as one HTML string (a ``<div class="animation">`` and its
@@ -188,7 +193,7 @@ def animate_attention_maps(
         ValueError: ``maps`` is not 4-dimensional or has an empty dimension, a value
             lies outside ``[0, 1]`` or is NaN, ``panel_titles`` or ``headlines`` has
             the wrong length, ``alt`` is empty, ``split`` is out of range, or
-            ``fps`` is not positive.
+            ``fps`` is not positive, or ``still_frame`` is not an index of a frame.
 
     Source: no formula; the player is ``matplotlib.animation.HTMLWriter``.
     """
@@ -221,6 +226,12 @@ def animate_attention_maps(
         raise ValueError(f"split must be in [1, {min(n_q, n_kv) - 1}], got {split}")
     if not fps > 0:
         raise ValueError(f"fps must be positive, got {fps}")
+    if isinstance(still_frame, bool) or not isinstance(still_frame, int):
+        raise TypeError(f"still_frame must be an int, got {type(still_frame).__name__}")
+    if not -num_frames <= still_frame < num_frames:
+        raise ValueError(
+            f"still_frame must be in [{-num_frames}, {num_frames - 1}], got {still_frame}"
+        )
 
     import matplotlib.pyplot as plt
 
@@ -228,7 +239,30 @@ def animate_attention_maps(
     with plt.style.context("attnlib.book"):  # the book's text sizes, transparent face
         fig, axes = plt.subplots(num_panels, 1, figsize=(MAX_FIGURE_WIDTH, height),
                                  layout="constrained", squeeze=False)
-        return _draw_player(fig, axes, weights, panel_titles, headlines, alt, split, fps)
+        page = _draw_player(fig, axes, weights, panel_titles, headlines, alt, split, fps)
+    return _with_still(page, still_frame % num_frames, alt)
+
+
+#: Shown instead of the player where the page is printed (the player's own image is
+#: whichever frame was on screen, and its controls do nothing on paper).
+_STILL_CSS = """<style>
+.animation .animation-still { display: none; }
+@media print {
+  .animation img[id^="_anim_img"] { display: none !important; }
+  .animation img.animation-still { display: block !important; max-width: 100%; }
+}
+</style>
+"""
+
+
+def _with_still(page: str, frame: int, alt: str) -> str:
+    """``page`` with frame ``frame`` as a second, print-only image in its player."""
+    frames = re.findall(r'frames\[(\d+)\] = "(data:image/png;base64,[^"]+)"', page)
+    source = dict(frames)[str(frame)]
+    still = f'<img class="animation-still" alt="{html.escape(alt)}" src="{source}">'
+    page = re.sub(r'(<img alt="[^"]*" id="_anim_img\w*">)', lambda m: m.group(1) + still,
+                  page, count=1)
+    return _STILL_CSS + page
 
 
 def _draw_player(fig: Figure, axes: np.ndarray, weights: torch.Tensor,

@@ -107,7 +107,7 @@ def _frames(page):
 
     from PIL import Image
 
-    found = re.findall(r'data:image/png;base64,([^"]+)', page)
+    found = re.findall(r'frames\[\d+\] = "data:image/png;base64,([^"]+)"', page)
     return [Image.open(io.BytesIO(base64.b64decode(re.sub(r"[^A-Za-z0-9+/=]", "", f))))
             .convert("RGBA") for f in found]
 
@@ -129,6 +129,16 @@ def test_animate_attention_maps_embeds_one_transparent_frame_per_step():
     assert 'alt="Maps &quot;before&quot; &amp; after"' in page
     assert "font-awesome" not in page and "<link" not in page, "the player links a CDN"
     assert '<div class="animation"' in page
+    # Paper shows the last frame (the default still_frame), in its own image.
+    embedded = dict(re.findall(r'frames\[(\d+)\] = "(data:image/png;base64,[^"]+)"', page))
+    still = re.search(r'<img class="animation-still" alt="[^"]*" src="([^"]+)">', page)
+    assert still and still.group(1) == embedded["2"] != embedded["0"]
+    assert re.search(r"@media print \{[^}]*_anim_img[^}]*display: none", page)
+    page = attnlib.viz.animate_attention_maps(maps, ["a", "b"], ["0", "5", "10"], alt="x",
+                                              still_frame=1)
+    still = re.search(r'<img class="animation-still" alt="x" src="([^"]+)">', page)
+    assert still.group(1) == dict(re.findall(
+        r'frames\[(\d+)\] = "(data:image/png;base64,[^"]+)"', page))["1"]
 
 
 def test_animate_attention_maps_rejects_bad_input():
@@ -155,6 +165,10 @@ def test_animate_attention_maps_rejects_bad_input():
         animate(maps, **ok, split=4)
     with pytest.raises(ValueError, match="fps must be positive, got 0"):
         animate(maps, **ok, fps=0)
+    with pytest.raises(ValueError, match=r"still_frame must be in \[-2, 1\], got 2"):
+        animate(maps, **ok, still_frame=2)
+    with pytest.raises(TypeError, match="still_frame must be an int, got float"):
+        animate(maps, **ok, still_frame=1.0)
 
 
 def test_show_source_returns_the_package_code():
