@@ -51,11 +51,13 @@ lint: $(STAMP)
 	$(BIN)/ruff check --line-length 88 chapters
 	$(BIN)/mypy
 
-# Re-execute every notebook in place, top to bottom in a fresh kernel, saving outputs.
+# Re-execute every notebook in place, top to bottom in a fresh kernel, saving outputs,
+# then write each chapter's running time into intro.md's table (_ext/chapter_times.py).
 # One notebook: make execute NOTEBOOKS=chapters/03_why_scale.ipynb
 execute: $(STAMP)
 	$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
 	    --ExecutePreprocessor.timeout=300 --ExecutePreprocessor.kernel_name=python3 $(NOTEBOOKS)
+	$(BIN)/python _ext/chapter_times.py
 
 bench: $(STAMP)
 	$(BIN)/python -m attnlib.bench

@@ -42,12 +42,6 @@ from .positional import (
 )
 from .variants import ATTENTION_CHOICES, SharedKVAttention, VariantAttention
 
-# Until chapter 13 imports them from attnlib.variants, where they now live:
-from .variants import cache_bytes as cache_bytes
-from .variants import latent_cache_numbers as latent_cache_numbers
-from .variants import linear_state_numbers as linear_state_numbers
-from .variants import softmax_cache_numbers as softmax_cache_numbers
-
 __all__ = [
     "POSITIONAL_CHOICES",
     "TransformerBlock",

@@ -66,11 +66,12 @@ def test_setup_cell_installs_attnlib_from_the_configured_repository(path):
     ref = CONFIG["repository"]["attnlib_ref"]
     assert f'ATTNLIB_REPO = "{url}"' in first, f"{path.name}: setup cell does not install from {url}"
     assert f'ATTNLIB_REF = "{ref}"' in first, f"{path.name}: setup cell does not pin ref {ref}"
-    assert 'f"attnlib @ git+{ATTNLIB_REPO}@{ATTNLIB_REF}"' in first
+    assert 'f"attnlib[plot] @ git+{ATTNLIB_REPO}@{ATTNLIB_REF}"' in first, (
+        "the setup cell installs attnlib with its plot extra: every chapter draws")
     assert 'importlib.util.find_spec("attnlib") is None' in first, "must do nothing where attnlib exists"
     assert "importlib.invalidate_caches()" in first, "a fresh install must be importable at once"
     assert "-e" not in first.split(), "Colab installs attnlib non-editable"
-    assert pip_requirements(first) == ['f"attnlib @ git+{ATTNLIB_REPO}@{ATTNLIB_REF}"'], (
+    assert pip_requirements(first) == ['f"attnlib[plot] @ git+{ATTNLIB_REPO}@{ATTNLIB_REF}"'], (
         "the setup cell installs attnlib and pins nothing else (Colab's torch stays)")
     assert re.search(r"torch\.__version__[^\n]*< \(2, 1\)", first) and "raise RuntimeError" in first, (
         "the setup cell checks torch >= 2.1 with a clear error")

@@ -17,8 +17,10 @@ or for every run in an assignment's folder, with a line in its ``conftest.py``::
 
     pytest_plugins = ["attnlib.exercises.pytest_plugin"]
 
-It needs pytest (not a dependency of attnlib; importing this module without it
-fails) and changes nothing in attnlib itself.
+It needs pytest with pluggy 1.2 or newer (its hook is a new-style wrapper,
+``wrapper=True``), which pytest 8 and later bring; pytest is not a dependency of
+attnlib, and importing this module without it fails. It changes nothing in
+attnlib itself.
 """
 
 from __future__ import annotations
