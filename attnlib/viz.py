@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ._validation import type_name
+
 if TYPE_CHECKING:
     import numpy as np
     from matplotlib.axes import Axes
@@ -198,7 +200,7 @@ def animate_attention_maps(
     Source: no formula; the player is ``matplotlib.animation.HTMLWriter``.
     """
     if not isinstance(maps, torch.Tensor) or not maps.is_floating_point():
-        kind = maps.dtype if isinstance(maps, torch.Tensor) else type(maps).__name__
+        kind = maps.dtype if isinstance(maps, torch.Tensor) else type_name(maps)
         raise TypeError(f"maps must be a floating-point tensor, got {kind}")
     if maps.ndim != 4 or 0 in maps.shape:
         raise ValueError(
@@ -219,7 +221,7 @@ def animate_attention_maps(
         if len(texts) != count:
             raise ValueError(f"{name} has {len(texts)} entries, expected {count}")
     if not isinstance(alt, str):
-        raise TypeError(f"alt must be a string, got {type(alt).__name__}")
+        raise TypeError(f"alt must be a string, got {type_name(alt)}")
     if not alt.strip():
         raise ValueError("alt must describe the animation, got an empty string")
     if split is not None and not 1 <= split < min(n_q, n_kv):
@@ -227,7 +229,7 @@ def animate_attention_maps(
     if not fps > 0:
         raise ValueError(f"fps must be positive, got {fps}")
     if isinstance(still_frame, bool) or not isinstance(still_frame, int):
-        raise TypeError(f"still_frame must be an int, got {type(still_frame).__name__}")
+        raise TypeError(f"still_frame must be an int, got {type_name(still_frame)}")
     if not -num_frames <= still_frame < num_frames:
         raise ValueError(
             f"still_frame must be in [{-num_frames}, {num_frames - 1}], got {still_frame}"
