@@ -13,6 +13,7 @@ Where Chromium is missing the browser tests are skipped with a reason, unless
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import http.server
 import io
@@ -758,25 +759,32 @@ SEARCH_RESULTS_JS = """() => Array.from(document.querySelectorAll('#search-resul
                snippet: li.querySelector('p.context') && li.querySelector('p.context').textContent}))"""
 
 
+@contextlib.contextmanager
+def desktop_page(browser, url: str):
+    """A 1280-px page loaded from ``url``, and the list its JavaScript errors go to;
+    its browser context is closed afterwards."""
+    context = browser.new_context(viewport=DESKTOP)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(url, wait_until="load")
+        yield page, errors
+    finally:
+        context.close()
+
+
 def search(browser, server, query: str) -> tuple[list[dict], list[str]]:
     """The results of the book's search page for ``query``, best first, with their
     snippets; and the page's JavaScript errors."""
-    context = browser.new_context(viewport=DESKTOP)
-    page = context.new_page()
-    errors = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    try:
-        page.goto(f"{server}/search.html?q={quote_plus(query)}", wait_until="load")
+    with desktop_page(browser, f"{server}/search.html?q={quote_plus(query)}") as (page, errors):
         page.wait_for_function(
             "() => { const s = document.querySelector('#search-results .search-summary');"
             " return s && s.textContent.trim().length > 0; }", timeout=30000)
         # Each snippet is fetched from its page after the list is shown.
         page.wait_for_load_state("networkidle")
         page.wait_for_timeout(300)
-        results = page.evaluate(SEARCH_RESULTS_JS)
-    finally:
-        context.close()
-    return results, errors
+        return page.evaluate(SEARCH_RESULTS_JS), errors
 
 
 def test_search_ranks_the_kv_cache_chapter_first(server, browser):
@@ -819,12 +827,7 @@ def test_a_click_on_a_solution_title_opens_the_solution(server, browser):
     """A solution's title is mostly its link back to the exercise ("Solution to
     Exercise 1.1 (...)"); a click on it opens the solution, and closes it again,
     without leaving the solution."""
-    context = browser.new_context(viewport=DESKTOP)
-    page = context.new_page()
-    errors = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    try:
-        page.goto(f"{server}/{CHAPTERS[0]}.html", wait_until="load")
+    with desktop_page(browser, f"{server}/{CHAPTERS[0]}.html") as (page, errors):
         page.wait_for_load_state("networkidle")
         solution = page.locator(".solution.dropdown").first
         content = solution.locator(":scope > :not(.admonition-title)").first
@@ -840,8 +843,6 @@ def test_a_click_on_a_solution_title_opens_the_solution(server, browser):
         page.wait_for_timeout(300)
         assert not content.is_visible(), "a second click on the title did not close it"
         assert not errors, errors
-    finally:
-        context.close()
 
 
 # Every entry of the contents beside a page (pydata-sphinx-theme shows the deeper
@@ -867,14 +868,9 @@ SECONDARY_TOC_JS = r"""() => {
 def test_api_contents_show_long_names_in_full(built_book, server, browser):
     """The API page's contents list every module, class and checker; at 1280 px
     a long name (check_prefix_matching_score()) wraps within the sidebar."""
-    context = browser.new_context(viewport=DESKTOP)
-    page = context.new_page()
-    try:
-        page.goto(f"{server}/api.html", wait_until="load")
+    with desktop_page(browser, f"{server}/api.html") as (page, _):
         page.wait_for_load_state("networkidle")
         toc = page.evaluate(SECONDARY_TOC_JS)
-    finally:
-        context.close()
     assert toc["links"] > 100, f"only {toc['links']} entries in the API page's contents"
     assert not toc["clipped"], f"{len(toc['clipped'])} entries cut at the sidebar's edge:" \
                                f" {toc['clipped'][:5]}"
@@ -942,17 +938,12 @@ def test_api_page_documents_every_public_name(built_book):
 
 
 def test_api_page_shows_multi_head_attention_in_a_browser(built_book, server, browser):
-    context = browser.new_context(viewport=DESKTOP)
-    page = context.new_page()
     import attnlib
 
-    try:
-        page.goto(f"{server}/api.html", wait_until="load")
+    with desktop_page(browser, f"{server}/api.html") as (page, _):
         heading = page.locator(f'[id="{attnlib.MultiHeadAttention.__module__}.MultiHeadAttention"]')
         assert heading.count() == 1 and heading.is_visible()
         assert "num_heads" in heading.locator("xpath=..").inner_text()
-    finally:
-        context.close()
 
 
 # ------------------------------------------------------- around the chapters
