@@ -11,8 +11,12 @@ NOTEBOOKS := $(sort $(wildcard chapters/*.ipynb))
 # Kernels and tools must come from the virtual environment.
 export PATH := $(BIN):$(PATH)
 export PYTHONHASHSEED := 0
+# The pinned CPU arithmetic of the stored outputs (_ext/numerics.env): every notebook
+# is executed and checked under it, so its outputs reproduce on any x86-64 CPU with AVX2.
+include _ext/numerics.env
+export ATEN_CPU_CAPABILITY MKL_CBWR ONEDNN_MAX_CPU_ISA OMP_NUM_THREADS
 
-.PHONY: book pdf test unit lint execute bench clean distclean
+.PHONY: book pdf test unit lint execute robustness bench clean distclean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,13 +55,21 @@ lint: $(STAMP)
 	$(BIN)/ruff check --line-length 88 chapters
 	$(BIN)/mypy
 
-# Re-execute every notebook in place, top to bottom in a fresh kernel, saving outputs,
-# then write each chapter's running time into intro.md's table (_ext/chapter_times.py).
+# Re-execute every notebook in place, top to bottom in a fresh kernel, under the pinned
+# arithmetic (_ext/numerics.env), keeping the stored outputs of a GPU run in `gpu` cells
+# whose code is unchanged (_ext/execute.py); then write each chapter's running time into
+# intro.md's table (_ext/chapter_times.py).
 # One notebook: make execute NOTEBOOKS=chapters/03_why_scale.ipynb
 execute: $(STAMP)
-	$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
-	    --ExecutePreprocessor.timeout=300 --ExecutePreprocessor.kernel_name=python3 $(NOTEBOOKS)
+	$(BIN)/python _ext/execute.py $(NOTEBOOKS)
 	$(BIN)/python _ext/chapter_times.py
+
+# Every notebook under five arithmetics (pinned, ATen without vector kernels, MKL's
+# compatible path, one thread, and this machine's own defaults): no cell may raise, and
+# the report says how many cells print other figures. Run it before calling work on a
+# chapter done. About 20 minutes on 2 cores. One: make robustness NOTEBOOKS=chapters/...
+robustness: $(STAMP)
+	$(BIN)/python _ext/robustness.py $(NOTEBOOKS)
 
 bench: $(STAMP)
 	$(BIN)/python -m attnlib.bench
