@@ -40,11 +40,12 @@ pdf: $(STAMP)
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -n 2 --dist loadfile
 
-# The unit tests: tests/ without nbval (addopts replaced), the book build
+# The unit tests, under 3 minutes on 2 cores: tests/ without the tests marked slow,
+# without nbval (addopts replaced), the book build
 # (test_book.py), the PDF (test_pdf.py) and the fresh Colab-like environment
 # (test_colab.py). The notebook-structure tests read the .ipynb files, quickly.
 unit: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadfile -o addopts="-ra -p no:cacheprovider" tests \
+	$(BIN)/python -m pytest -n 2 --dist loadfile -o addopts="-ra -p no:cacheprovider" -m "not slow" tests \
 	    --ignore=tests/test_book.py --ignore=tests/test_pdf.py --ignore=tests/test_colab.py
 
 # ruff with flake8-bugbear, import sorting and pyupgrade (settings in pyproject.toml).
