@@ -25,7 +25,10 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
+# First the learner notebooks that Colab opens from the repository (notebooks/,
+# _ext/learner_notebooks.py), brought up to date with the chapters.
 book: $(STAMP)
+	$(BIN)/python _ext/learner_notebooks.py
 	$(BIN)/jupyter-book build -W -n --keep-going .
 
 # The book on one HTML page, printed by Chromium (Playwright, offline) with the print
