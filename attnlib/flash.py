@@ -31,8 +31,9 @@ query, key and value; ``d_k`` is the query/key size, ``d_v`` the value size.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -160,6 +161,54 @@ def flash_attention_forward(
     return context_vec, logsumexp
 
 
+class _SecondDerivativeError(torch.autograd.Function):
+    """Passes the gradients of a once-differentiable backward on, unchanged, linked to the
+    tensors they depend on; differentiating them raises ``RuntimeError(message)``. torch's
+    ``once_differentiable`` returns gradients with no graph when the incoming gradient does
+    not require grad, so that a second backward fails with torch's generic words."""
+
+    @staticmethod
+    def forward(ctx: Any, message: str, num_grads: int, *tensors: torch.Tensor
+                ) -> tuple[torch.Tensor, ...]:
+        # tensors: the gradients, then the tensors they depend on (only linked to).
+        ctx.message = message
+        return tuple(g.clone() for g in tensors[:num_grads])
+
+    @staticmethod
+    def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple[None, ...]:
+        raise RuntimeError(ctx.message)
+
+
+def _once_differentiable(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate an ``autograd.Function.backward`` computed without a graph: with
+    ``create_graph=True`` its gradients come back linked to the saved tensors and the
+    incoming gradients through a node whose own backward raises a RuntimeError saying
+    that ``name`` is differentiable once."""
+    message = (f"{name} is differentiable once: its backward pass is computed outside "
+               "autograd, so the gradients it returned with create_graph=True cannot be "
+               "differentiated again. For second derivatives (double backward) use "
+               "torch.nn.functional.scaled_dot_product_attention")
+
+    def decorate(backward: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(backward)
+        def wrapper(ctx: Any, *grad_outputs: torch.Tensor) -> Any:
+            with torch.no_grad():
+                grads = backward(ctx, *grad_outputs)
+            if not torch.is_grad_enabled():  # no create_graph: nothing to guard
+                return grads
+            where = [i for i, g in enumerate(grads) if isinstance(g, torch.Tensor)]
+            sources = [t for t in (*ctx.saved_tensors, *grad_outputs)
+                       if isinstance(t, torch.Tensor) and t.requires_grad]
+            guarded = _SecondDerivativeError.apply(
+                message, len(where), *(grads[i] for i in where), *sources)
+            out = list(grads)
+            for i, g in zip(where, guarded, strict=True):
+                out[i] = g
+            return tuple(out)
+        return wrapper
+    return decorate
+
+
 class _FlashAttentionFunction(torch.autograd.Function):
     """Autograd wrapper: saves only the inputs and each row's log-sum-exp."""
 
@@ -175,7 +224,7 @@ class _FlashAttentionFunction(torch.autograd.Function):
         return context_vec
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @_once_differentiable("attnlib.flash.flash_attention")
     def backward(ctx: Any, grad_context: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None, None]:
         query, key, value, logsumexp = ctx.saved_tensors
@@ -296,6 +345,13 @@ def flash_attention(
     Unlike :func:`attnlib.functional.scaled_dot_product_attention` it cannot
     return the attention weights: they never exist at once.
 
+    It is differentiable once. The backward pass is computed outside autograd,
+    so the gradients it returns have no graph of their own: with
+    ``torch.autograd.grad(..., create_graph=True)`` they come back, but
+    differentiating them again (a gradient penalty, a Hessian-vector product)
+    raises a RuntimeError that says so. torch's
+    ``scaled_dot_product_attention`` supports second derivatives.
+
     Args:
         query: ``(..., num_tokens_q, d_k)``.
         key: ``(..., num_tokens_kv, d_k)``.
@@ -322,6 +378,8 @@ def flash_attention(
             disagree on ``d_k``; key and value disagree on ``num_tokens_kv``;
             the leading dimensions differ; the tensors are on different
             devices; ``scale`` is not finite; ``block_size < 1``.
+        RuntimeError: raised later, by a backward pass through the gradients
+            that this function's backward returned (differentiable once, above).
 
     Source: Dao et al. (2022), "FlashAttention: Fast and Memory-Efficient Exact
     Attention with IO-Awareness", Algorithm 1 (forward) and Algorithm 4

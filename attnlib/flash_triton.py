@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import torch
 
 from ._validation import check_bool, type_name
+from .flash import _once_differentiable
 
 if TYPE_CHECKING:  # the kernels' `tl`; at run time _kernels() supplies it
     # Triton ships no type hints (no py.typed), so `tl` and `triton` are Any to mypy.
@@ -517,7 +518,7 @@ class _FlashAttentionTritonFunction(torch.autograd.Function):
         return context_vec
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @_once_differentiable("attnlib.flash_triton.flash_attention_triton")
     def backward(ctx: Any, grad_context: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None, None]:
         query, key, value, context_vec, lse = ctx.saved_tensors
@@ -567,6 +568,12 @@ def flash_attention_triton(
     same kernel code, which is how the tests check it without a GPU. bfloat16
     needs the GPU: the interpreter's ``tl.dot`` does not support it.
 
+    It is differentiable once: the backward kernels run outside autograd,
+    so the gradients have no graph of their own. With
+    ``torch.autograd.grad(..., create_graph=True)`` they come back, but
+    differentiating them again (double backward) raises a RuntimeError
+    that says so; torch's ``scaled_dot_product_attention`` supports it.
+
     Args:
         query: ``(batch, num_heads, num_tokens_q, head_dim)``.
         key: ``(batch, num_heads, num_tokens_kv, head_dim)``.
@@ -612,6 +619,8 @@ def flash_attention_triton(
             device other than CPU or CUDA; ``scale`` is not finite; a block
             size is not a power of two from 16 to 256, ``num_warps`` not one from
             1 to 32, or ``num_stages`` not from 1 to 8.
+        RuntimeError: also raised later, by a backward pass through the
+            gradients this function's backward returned (differentiable once).
 
     Source: Dao (2023), "FlashAttention-2: Faster Attention with Better
     Parallelism and Work Partitioning", Algorithm 1 (forward, Section 3.1.1),

@@ -303,6 +303,39 @@ def test_numpy_block_size_is_accepted():
                                F.scaled_dot_product_attention(query, key, value))
 
 
+# --- differentiable once ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("wrt", [0, 1, 2])
+def test_a_second_derivative_says_flash_attention_is_differentiable_once(wrt):
+    """create_graph=True returns the first derivative; differentiating it again raises our
+    RuntimeError, also when the incoming gradient does not require grad (where torch's
+    once_differentiable alone would return a gradient with no graph)."""
+    query, key, value = _qkv(requires_grad=True)
+    out = flash_attention(query, key, value, is_causal=True, block_size=3)
+    (grad,) = torch.autograd.grad(out, (query, key, value)[wrt], torch.ones_like(out),
+                                  create_graph=True)
+    expected = torch.autograd.grad(
+        F.scaled_dot_product_attention(query, key, value, is_causal=True),
+        (query, key, value)[wrt], torch.ones_like(out))[0]
+    torch.testing.assert_close(grad, expected, **TOL[torch.float64])
+    assert grad.requires_grad
+    with pytest.raises(RuntimeError, match="flash_attention is differentiable once"):
+        grad.sum().backward()
+    with pytest.raises(RuntimeError, match="flash_attention is differentiable once"):
+        torch.autograd.grad(grad.sum(), query)
+    upstream = torch.ones_like(out, requires_grad=True)
+    (grad,) = torch.autograd.grad(out, query, upstream, create_graph=True)
+    with pytest.raises(RuntimeError, match="flash_attention is differentiable once"):
+        torch.autograd.grad(grad.sum(), upstream)
+
+
+def test_without_create_graph_the_gradients_carry_no_graph():
+    query, key, value = _qkv(requires_grad=True)
+    flash_attention(query, key, value).sum().backward()
+    assert not query.grad.requires_grad and query.grad.grad_fn is None
+
+
 # --- memory: linear, not quadratic -----------------------------------------------------------
 
 
@@ -323,6 +356,7 @@ def _reference(query, key, value, is_causal, block_size):  # block_size unused
                                         return_weights=True)[0]
 
 
+@pytest.mark.slow  # over 15 s on 2 cores: memory profiles
 def test_peak_memory_grows_linearly_not_quadratically():
     n1, n2 = 512, 2048  # 4x the tokens: a quadratic peak grows 16x
     flash_ratio = _peak(flash_attention, n2) / _peak(flash_attention, n1)
@@ -333,6 +367,7 @@ def test_peak_memory_grows_linearly_not_quadratically():
     assert _peak(flash_attention, n2) < 2 * n2 * n2 * 4 / 20
 
 
+@pytest.mark.slow  # over 15 s on 2 cores: memory profiles
 def test_each_extra_token_costs_only_its_output_row_and_logsumexp():
     # d_v = 16 float32 numbers of output and one float32 log-sum-exp: 68 bytes per query.
     # The tile workspace is fixed, so beyond a few blocks only these grow (chapter 8 quotes
@@ -342,6 +377,7 @@ def test_each_extra_token_costs_only_its_output_row_and_logsumexp():
         assert (peaks[n2] - peaks[n1]) / (n2 - n1) == 16 * 4 + 4
 
 
+@pytest.mark.slow  # over 15 s on 2 cores: memory profiles
 def test_backward_recomputes_instead_of_storing_tiles():
     n1, n2 = 256, 1024
     recompute = _peak(flash_attention, n2, backward=True) / _peak(flash_attention, n1,

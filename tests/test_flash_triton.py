@@ -125,6 +125,20 @@ def _assert_as_accurate_as_torch(query, key, value, *, is_causal=False, scale=No
         assert err <= 2 * torch_err + slack, (name, err, torch_err)
 
 
+# --- differentiable once ---------------------------------------------------------------------
+
+
+def test_a_second_derivative_says_the_kernel_is_differentiable_once(device):
+    query, key, value = _qkv(20, 20, 16, device=device)
+    out = flash_attention_triton(query, key, value, is_causal=True)
+    (grad,) = torch.autograd.grad(out, query, torch.ones_like(out), create_graph=True)
+    assert grad.requires_grad
+    with pytest.raises(RuntimeError, match="flash_attention_triton is differentiable once"):
+        torch.autograd.grad(grad.sum(), key)
+    with pytest.raises(RuntimeError, match="flash_attention_triton is differentiable once"):
+        grad.sum().backward()
+
+
 # --- values and gradients, float32 -----------------------------------------------------------
 
 
