@@ -84,16 +84,32 @@ def _errors(rank, world_size):
     return outcomes
 
 
+def _second_derivative(rank, world_size):
+    """What differentiating the ring's gradient again raises: (type name, message)."""
+    query, key, value, _ = (shard_sequence(t, rank, world_size).requires_grad_()
+                            for t in _inputs(torch.float64))
+    out = ring_attention(query, key, value, True)
+    (grad_query,) = torch.autograd.grad(out, query, torch.ones_like(out), create_graph=True)
+    try:
+        grad_query.sum().backward()
+    except RuntimeError as exc:
+        return type(exc).__name__, str(exc)
+    return None
+
+
 def worker_two(rank, world_size):
-    """The 2-process spawn: every case in float64, float32 and bfloat16, then the errors,
-    then one more good call (an error must not leave the ranks out of step)."""
+    """The 2-process spawn: every case in float64, float32 and bfloat16 (the bfloat16 one
+    counted), then the errors, then one more good call (an error must not leave the
+    ranks out of step), then a second derivative."""
     results = {(dtype, *case): _ring_case(rank, world_size, None, dtype, *case)
                for dtype in (torch.float64, torch.float32) for case in CASES}
+    bf16_stats = RingStats()
     results[(torch.bfloat16, True, "zigzag")] = _ring_case(
-        rank, world_size, None, torch.bfloat16, True, "zigzag")
+        rank, world_size, None, torch.bfloat16, True, "zigzag", stats=bf16_stats)
     errors = _errors(rank, world_size)
     after = _ring_case(rank, world_size, None, torch.float64, True, "zigzag")
-    return {"results": results, "errors": errors, "after": after}
+    return {"results": results, "errors": errors, "after": after,
+            "bf16_stats": bf16_stats, "second": _second_derivative(rank, world_size)}
 
 
 def worker_four(rank, world_size):
@@ -168,6 +184,29 @@ def test_bfloat16_is_merged_in_float32(two):
     _assert_matches(per_rank, "zigzag", torch.bfloat16, True, "P=2 bfloat16")
 
 
+def test_bfloat16_gradients_travel_in_float32_as_the_formula_says(two):
+    """Keys (d_k = 8) and values (d_v = 5) in bfloat16, 2 bytes a number; their gradients
+    in float32, 4: the backward sends 3 times the forward's bytes, not 2."""
+    sizes = {"batch": 2, "num_heads": 3, "head_dim": 8, "value_head_dim": 5,
+             "dtype": torch.bfloat16}
+    key_and_value = 2 * 3 * (NUM_TOKENS // 2) * (8 + 5)  # numbers per hop, P = 2
+    for rank in range(2):
+        stats = two[rank]["bf16_stats"]
+        assert stats.bytes_sent == ring_bytes_per_rank(NUM_TOKENS, 2, **sizes)
+        assert stats.bytes_sent == key_and_value * 2
+        assert stats.backward_bytes_sent == ring_bytes_per_rank(NUM_TOKENS, 2, backward=True,
+                                                                 **sizes)
+        assert stats.backward_bytes_sent == key_and_value * (2 + 4) == 3 * stats.bytes_sent
+
+
+def test_a_second_derivative_through_the_ring_says_it_is_differentiable_once(two):
+    for rank in range(2):
+        name, message = two[rank]["second"]
+        assert name == "RuntimeError"
+        assert "ring_attention is differentiable once" in message
+
+
+@pytest.mark.slow  # the 4-process spawn: over 15 s on 2 cores
 @pytest.mark.parametrize("size", [1, 2, 3, 4])
 @pytest.mark.parametrize(("is_causal", "layout"), CASES)
 def test_four_processes_and_their_sub_groups_match(four, size, is_causal, layout):
@@ -176,23 +215,32 @@ def test_four_processes_and_their_sub_groups_match(four, size, is_causal, layout
     _assert_matches(per_rank, layout, torch.float64, is_causal, f"P={size} {is_causal} {layout}")
 
 
+@pytest.mark.slow  # the 4-process spawn: over 15 s on 2 cores
 @pytest.mark.parametrize("size", [1, 2, 3, 4])
 @pytest.mark.parametrize(("is_causal", "layout"), CASES)
 def test_counted_bytes_and_work_match_the_formula_and_schedule(four, size, is_causal, layout):
     members = {1: [0], 2: [1, 3], 3: [0, 1, 2], 4: [0, 1, 2, 3]}[size]
     n = NUM_TOKENS // size
     key_and_value = 2 * 3 * n * (8 + 5) * 8  # one key block and one value block, float64
+    sizes = {"batch": 2, "num_heads": 3, "head_dim": 8, "value_head_dim": 5,
+             "dtype": torch.float64}
     schedule = ring_schedule(size, is_causal, layout)
     for local, r in enumerate(members):
         stats = four[r][(size, is_causal, layout)][1]
         assert stats.bytes_sent == (size - 1) * key_and_value
+        assert stats.bytes_sent == ring_bytes_per_rank(NUM_TOKENS, size, **sizes)
         assert stats.backward_bytes_sent == 2 * (size - 1) * key_and_value
-        assert stats.score_blocks == sum(step.work for step in schedule[local])
+        assert stats.backward_bytes_sent == ring_bytes_per_rank(NUM_TOKENS, size,
+                                                                backward=True, **sizes)
+        assert stats.scores == sum(step.scores(n) for step in schedule[local])
+        assert stats.score_blocks == pytest.approx(stats.scores / n**2, rel=1e-12)
+        assert stats.backward_scores == stats.scores
         assert stats.backward_score_blocks == stats.score_blocks
         assert stats.steps == [step.kind for step in schedule[local]]
         assert stats.skipped_blocks == stats.steps.count("skip")
 
 
+@pytest.mark.slow  # the 4-process spawn: over 15 s on 2 cores
 def test_memory_per_rank_is_two_blocks_plus_two_per_visitor_in_flight(four):
     """Above its inputs a rank holds the running output and a step's partial result, and
     the keys and values of each visiting block it holds: none for P = 1, one visitor for
@@ -211,14 +259,29 @@ def test_the_formula_counts_key_and_value_blocks():
     assert ring_bytes_per_rank(1024, 4) == 2 * 3 * 65536
     assert ring_bytes_per_rank(1024, 4, backward=True) == 4 * 3 * 65536
     assert ring_bytes_per_rank(1024, 1) == 0
-    assert ring_bytes_per_rank(8, 2, batch=3, num_heads=5, head_dim=7, bytes_per_number=2) == (
-        2 * 1 * 3 * 5 * 4 * 7 * 2)
+    assert ring_bytes_per_rank(8, 2, batch=3, num_heads=5, head_dim=7,
+                               dtype=torch.float16) == 2 * 1 * 3 * 5 * 4 * 7 * 2
+    # Keys of 16 numbers, values of 8: 24 per token, not 32 (P = 4, N = 192, float32).
+    assert ring_bytes_per_rank(192, 4, head_dim=16, value_head_dim=8) == 3 * 48 * 24 * 4
+    # bfloat16 blocks, float32 gradients: 2 (P - 1) blocks forward, 6 (P - 1) backward.
+    bf16_block = 256 * 64 * 2
+    assert ring_bytes_per_rank(1024, 4, dtype=torch.bfloat16) == 2 * 3 * bf16_block
+    assert ring_bytes_per_rank(1024, 4, dtype=torch.bfloat16, backward=True) == (
+        6 * 3 * bf16_block)
+    assert ring_bytes_per_rank(1024, 4, dtype=torch.bfloat16, grad_dtype=torch.bfloat16,
+                               backward=True) == 4 * 3 * bf16_block
     with pytest.raises(ValueError, match="not divisible by world_size=3"):
         ring_bytes_per_rank(1024, 3)
     with pytest.raises(TypeError, match="head_dim must be an int"):
         ring_bytes_per_rank(1024, 4, head_dim=64.0)
+    with pytest.raises(ValueError, match="value_head_dim must be a positive int"):
+        ring_bytes_per_rank(1024, 4, value_head_dim=0)
     with pytest.raises(TypeError, match="backward must be a bool"):
         ring_bytes_per_rank(1024, 4, backward=1)
+    with pytest.raises(TypeError, match="dtype must be a floating-point torch.dtype"):
+        ring_bytes_per_rank(1024, 4, dtype=2)
+    with pytest.raises(TypeError, match="grad_dtype must be a floating-point torch.dtype"):
+        ring_bytes_per_rank(1024, 4, grad_dtype=torch.int32)
 
 
 EXPECTED_ERRORS = {
@@ -328,8 +391,9 @@ def test_work_per_rank_before_and_after_zigzag(world_size):
     def work(is_causal, layout):
         return [sum(s.work for s in row) for row in ring_schedule(world_size, is_causal, layout)]
 
-    assert work(True, "contiguous") == list(range(1, world_size + 1))
-    assert work(True, "zigzag") == [(world_size + 1) / 2] * world_size
+    # In half blocks: a diagonal block is half masked, so rank r computes r + 1/2.
+    assert work(True, "contiguous") == [r + 0.5 for r in range(world_size)]
+    assert work(True, "zigzag") == [world_size / 2] * world_size
     assert work(False, "contiguous") == work(False, "zigzag") == [world_size] * world_size
     for row_index, row in enumerate(ring_schedule(world_size)):
         assert [s.source for s in row] == [(row_index - s) % world_size
@@ -356,9 +420,28 @@ def test_the_schedule_computes_every_visible_pair_once_and_skips_only_hidden_one
             computed[rows, cols] = True
             if causal:
                 computed &= torch.ones(n, n, dtype=torch.bool).tril()
+            assert step.scores(n) == computed.sum().item(), (rank, step)
             seen[:, k_pos] += computed.long()
         visible = (torch.arange(num_tokens) <= q_pos.unsqueeze(-1)).long()
         assert torch.equal(seen, visible), f"rank {rank}: {seen.tolist()}"
+
+
+def test_the_exact_score_counts_of_the_chapter_run():
+    """N = 2048 on P = 4 ranks, n = 512: a diagonal block computes 512 * 513 / 2 scores,
+    (n + 1) / (2 n) = 0.501 of a block; the busiest rank 3.501 blocks contiguous, 2.001
+    zigzag, 8.004 in all for both (16 without a mask)."""
+    n = 512
+
+    def blocks(layout):
+        return [sum(s.scores(n) for s in row) / n**2
+                for row in ring_schedule(4, True, layout)]
+
+    diagonal = n * (n + 1) // 2 / n**2
+    assert blocks("contiguous") == [r + diagonal for r in range(4)]
+    assert blocks("zigzag") == [1.5 + diagonal] * 4
+    assert sum(blocks("contiguous")) == sum(blocks("zigzag")) == 6 + 4 * diagonal
+    with pytest.raises(ValueError, match="tokens_per_rank must be a positive int"):
+        ring_schedule(2)[0][0].scores(0)
 
 
 def test_merge_of_two_halves_equals_attention_over_all_keys():

@@ -12,11 +12,13 @@ chapter 8's online softmax).
 Layouts (which tokens rank ``r`` holds; :func:`shard_positions`):
 
 * ``"contiguous"``: tokens ``r*n ... (r+1)*n - 1``, as in Liu et al. (2023). Under a
-  causal mask the blocks from later ranks are entirely in the future: rank 0 computes
-  one block of scores, rank ``P-1`` computes ``P`` of them.
+  causal mask the blocks from later ranks are entirely in the future and a rank's own
+  block is half masked: rank 0 computes half an ``(n, n)`` block of scores, rank ``P-1``
+  computes ``P - 1/2`` blocks.
 * ``"zigzag"``: the sequence is cut into ``2P`` chunks and rank ``r`` holds chunks ``r``
   and ``2P-1-r``, so every rank has one early and one late chunk and, under a causal mask,
-  the same work, ``(P+1)/2`` blocks (:func:`ring_schedule`).
+  the same work, ``P/2`` blocks (:func:`ring_schedule`; each diagonal block also computes
+  the ``n/2`` scores of its diagonal, :meth:`RingStep.scores`).
 
 :func:`ring_attention` runs inside an initialised process group; :func:`run_on_ranks`
 starts one (``P`` fresh processes on this machine) and :func:`run_ring_demo` is the
@@ -27,9 +29,11 @@ Source: Liu, Zaharia and Abbeel (2023), "Ring Attention with Blockwise Transform
 Near-Infinite Context", arXiv:2310.01889, section 3; Brandon et al.
 (2023), "Striped Attention: Faster Ring Attention for Causal Transformers",
 arXiv:2311.09431 (the causal imbalance); the zigzag layout of ring-flash-attention
-(github.com/zhuzilin/ring-flash-attention, ``zigzag_ring_flash_attn``) and of Llama 3's
-context parallelism (Llama Team 2024, "The Llama 3 Herd of Models", arXiv:2407.21783,
-section 3.3.2).
+(github.com/zhuzilin/ring-flash-attention, ``zigzag_ring_flash_attn``) and of
+Megatron-LM's context parallelism (github.com/NVIDIA/Megatron-LM,
+``get_batch_on_this_cp_rank``). Llama 3's training cut its sequences the same way but
+all-gathered the keys and values instead of passing them round a ring (Llama Team 2024,
+"The Llama 3 Herd of Models", arXiv:2407.21783, section 3.3.2).
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from .._validation import (
     check_sdpa_inputs,
     type_name,
 )
-from ..flash import flash_attention_forward
-from ._schedule import _step_slices, ring_schedule
+from ..flash import _once_differentiable, flash_attention_forward
+from ._schedule import _compute_dtype, _step_slices, ring_schedule
 from ._sharding import _DEFAULT_BLOCK_SIZE, _check_layout
 
 # ---------------------------------------------------------------------------------------
@@ -76,12 +76,17 @@ class RingStats:
 
     ``bytes_sent`` (forward) and ``backward_bytes_sent`` count the bytes of every tensor
     this rank sends point to point (not the small shape check before the ring);
-    ``score_blocks`` and ``backward_score_blocks`` the ``(n, n)`` blocks of scores it
-    computes (a half block counts 0.5); ``skipped_blocks`` the forward steps it skips.
+    ``scores`` and ``backward_scores`` the scores (query-key pairs, per batch element and
+    head) its steps compute, the pairs the mask leaves (:meth:`RingStep.scores`);
+    ``score_blocks`` and ``backward_score_blocks`` the same in ``(n, n)`` blocks, so that
+    a diagonal block counts ``(n + 1) / (2 n)`` and a half step 0.5; ``skipped_blocks``
+    the forward steps it skips.
     """
 
     bytes_sent: int = 0
     backward_bytes_sent: int = 0
+    scores: int = 0
+    backward_scores: int = 0
     score_blocks: float = 0.0
     backward_score_blocks: float = 0.0
     skipped_blocks: int = 0
@@ -113,10 +118,6 @@ class _Ring:
         return pending[1]
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
 def _merge_into(out: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor,
                 part_lse: torch.Tensor) -> None:
     """:func:`merge_partials` written into the running ``out`` and ``lse`` (views), with no
@@ -141,7 +142,8 @@ def _ring_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         pending = ring.start([k_block, v_block]) if step + 1 < ring.world_size else None
         if stats is not None:
             stats.bytes_sent += pending[2] if pending else 0
-            stats.score_blocks += planned.work
+            stats.scores += planned.scores(n)  # the (query, key) pairs the mask leaves
+            stats.score_blocks += planned.scores(n) / n**2
             stats.skipped_blocks += planned.kind == "skip"
             stats.steps.append(planned.kind)
         if planned.kind != "skip":
@@ -190,7 +192,12 @@ def _ring_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                    is_causal: bool, scale: float, ring: _Ring, layout: str, block_size: int,
                    stats: RingStats | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The key/value blocks go round the ring again; each block's gradient travels with
-    it, gathering every rank's share, and reaches its owner after the last step."""
+    it, gathering every rank's share, and reaches its owner after the last step.
+
+    The key/value exchange is posted before a step's computation and overlaps it, as in
+    the forward pass; the gradients' exchange is posted after it and waited on at once,
+    so it does not overlap. The gradients travel in the compute dtype (float32 for
+    half-precision inputs)."""
     dtype = lse.dtype
     n = query.shape[-2]
     grad_out = grad_out.to(dtype)
@@ -220,7 +227,8 @@ def _ring_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             del grads
         if stats is not None:
             stats.backward_bytes_sent += sent
-            stats.backward_score_blocks += planned.work
+            stats.backward_scores += planned.scores(n)
+            stats.backward_score_blocks += planned.scores(n) / n**2
         if pending is not None:
             k_block, v_block = ring.finish(pending)
             pending = None
@@ -246,7 +254,7 @@ class _RingAttentionFunction(torch.autograd.Function):
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @_once_differentiable("attnlib.distributed.ring_attention")
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         query, key, value, out, lse = ctx.saved_tensors
         grads = _ring_backward(query, key, value, out, lse, grad_out, *ctx.args)
@@ -325,9 +333,13 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     weights from the saved log-sum-exp instead of storing them, and sends the key/value
     blocks round the ring a second time instead of keeping the ``P - 1`` visitors: keeping
     them would put the whole sequence's keys and values on every rank, the memory the
-    ring exists to avoid. Each block's gradient travels with it and reaches its owner
-    after the last step. Every rank must call ``backward`` (its loss must depend on its
-    output). Gradients equal the single-device ones up to rounding.
+    ring exists to avoid. Each block's gradient travels with it, in the compute dtype
+    (float32 for half-precision inputs), and reaches its owner after the last step; that
+    exchange waits at each step, not overlapped with the computation
+    (:func:`ring_bytes_per_rank` counts the bytes of both passes). Every rank must call
+    ``backward`` (its loss must depend on its output). Gradients equal the single-device
+    ones up to rounding. Once differentiable: the backward pass cannot itself be
+    differentiated.
 
     Args:
         query: ``(batch, num_heads, n, head_dim)``, this rank's ``n = N / P`` tokens.
@@ -351,7 +363,8 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     Raises:
         RuntimeError: ``torch.distributed`` is unavailable or no process group is
             initialised (call ``torch.distributed.init_process_group`` first, or use
-            :func:`run_on_ranks`).
+            :func:`run_on_ranks`); later, a backward pass through the gradients
+            that this function's backward returned (it is differentiable once).
         TypeError: ``group`` is not a process group; a tensor is not floating point or
             the dtypes differ; ``is_causal`` is not a bool; ``scale`` is not a number;
             ``layout`` not a str; ``block_size`` not an int; ``stats`` not a RingStats.
@@ -367,7 +380,7 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     Source: Liu, Zaharia and Abbeel (2023), "Ring Attention with Blockwise Transformers
     for Near-Infinite Context", arXiv:2310.01889, section 3; Brandon et al. (2023),
     "Striped Attention", arXiv:2311.09431 (causal load balance); the zigzag layout of
-    ring-flash-attention and Llama 3 (arXiv:2407.21783, section 3.3.2); Dao (2023),
+    ring-flash-attention and Megatron-LM's context parallelism; Dao (2023),
     "FlashAttention-2", Algorithm 2 (the backward pass from the log-sum-exp).
     """
     if group is not None and not (dist.is_available() and isinstance(group, dist.ProcessGroup)):

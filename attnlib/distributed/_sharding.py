@@ -61,7 +61,7 @@ def shard_positions(num_tokens: int, rank: int, world_size: int,
             for ``"zigzag"``).
 
     Source: Liu et al. (2023), section 3 (contiguous); ring-flash-attention's
-    ``zigzag_ring_flash_attn`` and Llama 3 (arXiv:2407.21783), section 3.3.2 (zigzag).
+    ``zigzag_ring_flash_attn`` and Megatron-LM's ``get_batch_on_this_cp_rank`` (zigzag).
     """
     rank, world_size, part = _check_split(num_tokens, rank, world_size, layout)
     if layout == "contiguous":
@@ -129,9 +129,11 @@ def zigzag_shard(x: torch.Tensor, rank: int, world_size: int, dim: int = -2) -> 
         TypeError, ValueError: as :func:`shard_sequence` (``x.shape[dim]`` must be
             divisible by ``2 * world_size``).
 
-    Source: ring-flash-attention (``zigzag_ring_flash_attn``); Llama 3 (arXiv:2407.21783),
-    section 3.3.2: "The i-th CP rank received both the i-th and the (2 x CP - 1 - i)-th
-    chunks"; ``torch.distributed.tensor.experimental``'s head-tail load balancer.
+    Source: ring-flash-attention (``zigzag_ring_flash_attn``) and Megatron-LM's context
+    parallelism (``get_batch_on_this_cp_rank``), both ring implementations; the same split
+    in Llama 3's training (arXiv:2407.21783, section 3.3.2), which all-gathers the keys and
+    values instead, and in ``torch.distributed.tensor.experimental``'s head-tail load
+    balancer.
     """
     return shard_sequence(x, rank, world_size, "zigzag", dim)
 
