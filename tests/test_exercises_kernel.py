@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -259,6 +260,91 @@ def lse_writes_into_x(x_ptr, out_ptr, num_cols, row_stride, BLOCK: tl.constexpr)
     tl.store(out_ptr + row, 0.0)
 
 
+LOG2_E = math.log2(math.e)  # a plain Python float, as chapter 11's second code cell has it
+LN_2 = tl.constexpr(math.log(2.0))  # a constexpr global: the compiler accepts it
+NEG_INF = tl.constexpr(float("-inf"))
+
+
+@triton.jit
+def lse_python_global(x_ptr, out_ptr, num_cols, row_stride, BLOCK: tl.constexpr):
+    """Right under the interpreter, but compiled Triton refuses the float global LOG2_E."""
+    base = x_ptr + tl.program_id(0) * row_stride
+    m = tl.full([], float("-inf"), tl.float32)
+    total = tl.zeros([], tl.float32)
+    for b in range(0, tl.cdiv(num_cols, BLOCK)):
+        cols = b * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(base + cols, mask=cols < num_cols, other=float("-inf")) * LOG2_E
+        m_next = tl.maximum(m, tl.max(x, axis=0))
+        total = tl.exp2(m - m_next) * total + tl.sum(tl.exp2(x - m_next), axis=0)
+        m = m_next
+    tl.store(out_ptr + tl.program_id(0), (m + tl.log2(total)) * LN_2)
+
+
+def natural_log(x):
+    return x * 0.6931471805599453
+
+
+@triton.jit
+def lse_plain_helper(x_ptr, out_ptr, num_cols, row_stride, BLOCK: tl.constexpr):
+    """Calls a plain Python function inside the kernel (refused before any launch)."""
+    tl.store(out_ptr + tl.program_id(0), natural_log(tl.load(x_ptr)))
+
+
+@triton.jit
+def to_natural_log(x):
+    return x * LN_2_FLOAT
+
+
+LN_2_FLOAT = 0.6931471805599453
+
+
+@triton.jit
+def lse_global_in_jitted_helper(x_ptr, out_ptr, num_cols, row_stride, BLOCK: tl.constexpr):
+    """Calls a @triton.jit helper, which reads a float global (refused before any launch)."""
+    tl.store(out_ptr + tl.program_id(0), to_natural_log(tl.load(x_ptr)))
+
+
+@triton.jit
+def online_step(m, total, x):
+    m_next = tl.maximum(m, tl.max(x, axis=0))
+    return m_next, total * tl.exp(m - m_next) + tl.sum(tl.exp(x - m_next), axis=0)
+
+
+@triton.jit
+def lse_jitted_helper(x_ptr, out_ptr, num_cols, row_stride, BLOCK: tl.constexpr):
+    """Right: it reads a tl.constexpr global and calls a @triton.jit helper, both of which
+    the compiler accepts."""
+    row = tl.program_id(0)
+    m, total = tl.full([], NEG_INF, tl.float32), tl.zeros([], tl.float32)
+    for start in range(0, num_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        m, total = online_step(m, total, tl.load(x_ptr + row * row_stride + cols,
+                                                 mask=cols < num_cols, other=NEG_INF))
+    tl.store(out_ptr + row, m + tl.log(total))
+
+
+@triton.jit
+def lse_inverted_rescale(x_ptr, out_ptr, num_cols, row_stride, BLOCK: tl.constexpr):
+    """The rescale factor the wrong way round: exp(new - old), inf at the first block."""
+    row_ptr = x_ptr + tl.program_id(0) * row_stride
+    running = tl.zeros([], tl.float32)
+    biggest = tl.full([], float("-inf"), tl.float32)
+    for start in range(0, num_cols, BLOCK):
+        lanes = start + tl.arange(0, BLOCK)
+        block = tl.load(row_ptr + lanes, mask=lanes < num_cols, other=float("-inf"))
+        grown = tl.maximum(biggest, tl.max(block, axis=0))
+        running = running * tl.exp(grown - biggest) + tl.sum(tl.exp(block - grown), axis=0)
+        biggest = grown
+    tl.store(out_ptr + tl.program_id(0), biggest + tl.log(running))
+
+
+@triton.jit
+def lse_stores_nothing_for_row_one(x_ptr, out_ptr, num_cols, row_stride, BLOCK: tl.constexpr):
+    """Row 1 is never stored (the others get a wrong value: unwritten is named first)."""
+    row = tl.program_id(0)
+    tl.store(out_ptr + row, tl.load(x_ptr + row * row_stride), mask=row != 1)
+
+
 @triton.jit
 def lse_stub(x_ptr, out_ptr, num_cols, row_stride, BLOCK: tl.constexpr):
     raise NotImplementedError("write the kernel")
@@ -273,31 +359,61 @@ def test_logsumexp_accepts_natural_base_and_a_finite_start():
     assert check_logsumexp_kernel(lse_natural_base) is True
 
 
+def test_logsumexp_accepts_constexpr_globals_and_jitted_helpers():
+    # What compiled Triton accepts inside a kernel: a tl.constexpr global, a @triton.jit
+    # function; the check must not refuse them with the Python globals.
+    assert check_logsumexp_kernel(lse_jitted_helper) is True
+
+
+def test_the_python_global_kernel_is_right_under_the_interpreter():
+    # The kernel the check refuses computes the right numbers here: only the compiler
+    # would refuse it, so the check must find it without running it.
+    if CUDA:
+        pytest.skip("compiled, the kernel does not build")
+    x = torch.randn(3, 40, generator=torch.Generator().manual_seed(0))
+    out = torch.empty(3)
+    lse_python_global[(3,)](x, out, 40, 40, BLOCK=16)
+    torch.testing.assert_close(out, torch.logsumexp(x, dim=-1))
+
+
 @pytest.mark.parametrize(
     ("kernel", "named"),
     [
-        pytest.param(lse_no_mask, "loads past the row's end.*mask=cols < num_cols",
-                     id="no-mask"),
+        pytest.param(lse_no_mask, "loads past the row's end.*no edge mask", id="no-mask"),
         pytest.param(lse_other_zero, r"fills the masked lanes .* with 0\.0", id="other-zero"),
-        pytest.param(lse_off_by_one, "reads one entry past.*not cols <= num_cols",
+        pytest.param(lse_off_by_one, "reads one entry past.*cols <= num_cols",
                      id="off-by-one"),
         pytest.param(lse_whole_blocks_only, "skips the last, partial block", id="last-block"),
         pytest.param(lse_no_rescale, "forgets to rescale the running sum", id="no-rescale"),
         pytest.param(lse_base_two, "returns the log-sum-exp in base 2", id="base-two"),
-        pytest.param(lse_exp2_unscaled, r"calls exp2 on x itself: .* multiply x by",
+        pytest.param(lse_exp2_unscaled, r"calls exp2 on x itself, which is 2\*\*x",
                      id="exp2-unscaled"),
-        pytest.param(lse_exp2_unscaled_base_two, "calls exp2 on x itself and returns base-2",
+        pytest.param(lse_exp2_unscaled_base_two, r"calls exp2 on x itself \(2\*\*x, not e\*\*x\) "
+                                                 "and returns base-2",
                      id="exp2-unscaled-base-two"),
         pytest.param(lse_ignores_row_stride, "ignores row_stride", id="row-stride"),
-        pytest.param(lse_no_max, "inf or nan on rows near \\+100.*subtract the running maximum",
-                     id="overflow"),
-        pytest.param(lse_max_starts_at_zero, "-inf on rows near -120.*not at 0",
+        pytest.param(lse_no_max, "inf or nan on the row near \\+100.*without the running "
+                                 "maximum subtracted", id="overflow"),
+        pytest.param(lse_max_starts_at_zero, "-inf on the row near -120.*starts at 0",
                      id="max-starts-at-0"),
         pytest.param(lse_stores_one_row_later, "writes past the end of out", id="store-past-out"),
         pytest.param(lse_first_block_only, "differs from torch.logsumexp by up to",
                      id="something-else"),
         pytest.param(lse_writes_into_x, "changes x", id="in-place"),
         pytest.param(lse_stub, "raised NotImplementedError: replace the stub", id="stub"),
+        pytest.param(lse_python_global, "reads the Python global LOG2_E \\(float\\) inside "
+                                        "the kernel.*fails to compile", id="python-global"),
+        pytest.param(lse_plain_helper, "calls the plain Python function natural_log \\("
+                                       "function\\) inside the kernel", id="plain-helper"),
+        pytest.param(lse_global_in_jitted_helper, r"reads the Python global LN_2_FLOAT .*"
+                                                  r"\(in to_natural_log, which "
+                                                  r"lse_global_in_jitted_helper calls\)",
+                     id="global-in-jitted-helper"),
+        pytest.param(lse_inverted_rescale, r"stores nan for row 0 \(it wrote that nan: the "
+                                           r"entry is not unwritten\).*rescale factor",
+                     id="computed-nan"),
+        pytest.param(lse_stores_nothing_for_row_one, r"leaves out\[1\] unwritten",
+                     id="unwritten"),
     ],
 )
 def test_logsumexp_names_each_wrong_answer(kernel, named):
@@ -446,6 +562,55 @@ def delta_writes_into_out(out_ptr, grad_out_ptr, delta_ptr, num_rows,
 
 
 @triton.jit
+def block_offsets(BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """A learner's helper: this program's rows and its (BLOCK_M, HEAD_DIM) offsets."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return rows, rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+
+
+@triton.jit
+def delta_loads_unmasked(out_ptr, grad_out_ptr, delta_ptr, num_rows,
+                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Only the store is masked: the loads of the last block read past the tensors."""
+    rows, offsets = block_offsets(BLOCK_M, HEAD_DIM)
+    o = tl.load(out_ptr + offsets).to(tl.float32)
+    do = tl.load(grad_out_ptr + offsets).to(tl.float32)
+    tl.store(delta_ptr + rows, tl.sum(o * do, axis=1), mask=rows < num_rows)
+
+
+@triton.jit
+def delta_no_cast(out_ptr, grad_out_ptr, delta_ptr, num_rows,
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Right in float32; in float16 the products overflow."""
+    rows, offsets = block_offsets(BLOCK_M, HEAD_DIM)
+    o = tl.load(out_ptr + offsets, mask=(rows < num_rows)[:, None], other=0.0)
+    do = tl.load(grad_out_ptr + offsets, mask=(rows < num_rows)[:, None], other=0.0)
+    tl.store(delta_ptr + rows, tl.sum(o * do, axis=1), mask=rows < num_rows)
+
+
+@triton.jit
+def delta_cast_after_product(out_ptr, grad_out_ptr, delta_ptr, num_rows,
+                             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    rows, offsets = block_offsets(BLOCK_M, HEAD_DIM)
+    keep = (rows < num_rows)[:, None]
+    product = (tl.load(out_ptr + offsets, mask=keep, other=0.0)
+               * tl.load(grad_out_ptr + offsets, mask=keep, other=0.0))
+    tl.store(delta_ptr + rows, tl.sum(product.to(tl.float32), axis=1), mask=rows < num_rows)
+
+
+@triton.jit
+def delta_float64_inside(out_ptr, grad_out_ptr, delta_ptr, num_rows,
+                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Right: converted to float64 instead of float32, with tl.where for the edge."""
+    rows, offsets = block_offsets(BLOCK_M, HEAD_DIM)
+    row_ok = rows < num_rows
+    o = tl.load(out_ptr + offsets, mask=row_ok[:, None]).to(tl.float64)
+    products = tl.where(row_ok[:, None], o * tl.load(grad_out_ptr + offsets,
+                                                     mask=row_ok[:, None]).to(tl.float64), 0.0)
+    tl.store(delta_ptr + rows, tl.sum(products, axis=1).to(tl.float32), mask=row_ok)
+
+
+@triton.jit
 def delta_stub(out_ptr, grad_out_ptr, delta_ptr, num_rows,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
     raise NotImplementedError("compute D = rowsum(dO * O)")
@@ -456,13 +621,24 @@ def test_delta_accepts_the_book_solution(capsys):
     assert capsys.readouterr().out.startswith("Correct: delta_kernel gives D = rowsum(dO * O)")
 
 
+def test_delta_accepts_float64_inside_and_a_mask_by_tl_where():
+    assert check_delta_kernel(delta_float64_inside) is True
+
+
 @pytest.mark.parametrize(
     ("kernel", "named"),
     [
         pytest.param(delta_store_unmasked, "writes past the end of delta, at row 50.*"
-                                           "mask=rows < num_rows", id="store-unmasked"),
-        pytest.param(delta_no_block_offset, r"leaves delta\[19\] unwritten.*"
-                                            r"tl.program_id\(0\) \* BLOCK_M", id="no-offset"),
+                                           "store has no edge mask", id="store-unmasked"),
+        pytest.param(delta_loads_unmasked, "loads row 50 of out, which has 50 rows: the loads "
+                                           "of the last block have no edge mask",
+                     id="loads-unmasked"),
+        pytest.param(delta_no_cast, "computes in float16, not float32.*.to\\(tl.float32\\)",
+                     id="no-cast"),
+        pytest.param(delta_cast_after_product, "computes in float16, not float32",
+                     id="cast-after-product"),
+        pytest.param(delta_no_block_offset, r"leaves delta\[19\] unwritten.*p-th block",
+                     id="no-offset"),
         pytest.param(delta_grad_only, "sums dO alone", id="grad-only"),
         pytest.param(delta_out_only, "sums O alone", id="out-only"),
         pytest.param(delta_grad_squared, "sums the squares of dO", id="grad-squared"),
@@ -562,20 +738,28 @@ def test_block_size_probes_match_the_compiler_numbers_in_the_chapter():
         pytest.param(learner_block(q="per-stage"), "multiplies the Q tile by num_stages",
                      id="q-per-stage"),
         pytest.param(learner_block(bits=True), "counts bits, not bytes", id="bits"),
-        pytest.param(learner_block(strict=True), "fill shared memory exactly.*<=",
+        pytest.param(learner_block(strict=True), "fill shared memory exactly.*equality included",
                      id="strict"),
         pytest.param(learner_block(power_of_two=False), "not a power of two",
                      id="not-a-power-of-two"),
-        pytest.param(lambda d, e, s, limit: 64, r"returned 64; the largest block that fits is "
-                                                r"256 \(its tiles take 229376 bytes\)",
+        pytest.param(lambda d, e, s, limit: 64, r"returned 64, but a larger block still "
+                                                r"fits there; the answers match none",
                      id="constant"),
-        pytest.param(lambda d, e, s, limit: 64.0, "returned float 64.0; expected an int",
+        pytest.param(lambda d, e, s, limit: 256, r"num_stages=3, shared_memory_bytes=232448\) "
+                                                 r"returned 256, but the tiles of that block do "
+                                                 r"not fit", id="too-large"),
+        pytest.param(lambda d, e, s, limit: None, r"returned None, but a block among",
+                     id="always-none"),
+        pytest.param(lambda d, e, s, limit: 64.0, "returned float 64.0; expected an integer",
                      id="float"),
-        pytest.param(lambda d, e, s, limit: "64", "returned str '64'; expected an int",
+        pytest.param(lambda d, e, s, limit: "64", "returned str '64'; expected an integer",
                      id="string"),
         pytest.param(lambda d, e, s, limit: True, "returned bool True", id="bool"),
-        pytest.param(lambda d, e, s, limit: e * d * 7 * 64, "returned 57344; the largest",
-                     id="bytes-not-block"),
+        pytest.param(lambda d, e, s, limit: np.True_, "returned numpy.bool", id="numpy-bool"),
+        pytest.param(lambda d, e, s, limit: torch.tensor(64.0), "returned torch.Tensor",
+                     id="float-tensor"),
+        pytest.param(lambda d, e, s, limit: e * d * 7 * 64, "returned 57344, which is not one "
+                                                            "of the blocks", id="bytes-not-block"),
     ],
 )
 def test_block_size_names_each_wrong_answer(answer, named):
@@ -586,6 +770,34 @@ def test_block_size_names_each_wrong_answer(answer, named):
 def test_block_size_accepts_an_integer_tensor():
     assert check_block_size(lambda *probe: (None if (b := _largest_block(*probe)) is None
                                             else torch.tensor(b))) is True
+
+
+@pytest.mark.parametrize("integer", [np.int64, np.int32, np.uint16, int],
+                         ids=["numpy-int64", "numpy-int32", "numpy-uint16", "int"])
+def test_block_size_accepts_any_integer_type(integer):
+    # A learner who picks the block with NumPy (np.array(blocks)[fits].max()) returns a
+    # numpy.int64: an integer, as the exercise asks.
+    def numpy_block(head_dim, element_size, num_stages, shared_memory_bytes):
+        blocks = np.array([16, 32, 64, 128, 256])
+        fits = element_size * head_dim * blocks * (1 + 2 * num_stages) <= shared_memory_bytes
+        return integer(blocks[fits].max()) if fits.any() else None
+
+    assert check_block_size(numpy_block) is True
+
+
+def test_block_size_messages_give_away_neither_the_block_nor_the_count():
+    # The fallback says too large or too small, and each named mistake points to the
+    # chapter's count, without the count's formula or the expected block.
+    from attnlib.exercises import kernel
+
+    messages = [message for message, _ in kernel._block_wrong_answers()]
+    with pytest.raises(CheckFailed) as failure:
+        check_block_size(lambda d, e, s, limit: 64)
+    messages.append(str(failure.value))
+    for message in messages:
+        assert "2 * num_stages" not in message and "(B +" not in message
+        assert "largest block that fits is" not in message
+    assert all("Block sizes, warps and stages" in m for m in messages[:4])
 
 
 def test_block_size_nonsense_and_stub():

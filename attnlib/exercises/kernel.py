@@ -22,9 +22,13 @@ need it.
 
 from __future__ import annotations
 
+import contextlib
+import dis
 import math
+import operator
+import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -86,6 +90,7 @@ def _require_kernel(kernel: object, what: str) -> None:
     from triton.runtime.jit import JITFunction  # type: ignore[import-untyped]
 
     if isinstance(kernel, (JITFunction, InterpretedFunction)):
+        _refuse_python_globals(kernel)
         return
     if callable(kernel) and not isinstance(kernel, type):
         raise CheckFailed(
@@ -98,23 +103,136 @@ def _require_kernel(kernel: object, what: str) -> None:
                       f"got {type_name(kernel)}")
 
 
+def _is_jitted(value: object) -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    return isinstance(value, (JITFunction, InterpretedFunction))
+
+
+def _allowed_in_a_kernel(value: object) -> bool:
+    """Whether compiled Triton lets a kernel read the global ``value``: a module, a
+    ``@triton.jit`` function, a ``tl.constexpr``, a dtype or anything of
+    ``triton.language`` (the rule of Triton's code generator, which the interpreter
+    does not apply)."""
+    import triton.language as tl  # type: ignore[import-untyped]
+
+    return (isinstance(value, (types.ModuleType, tl.constexpr, tl.dtype)) or _is_jitted(value)
+            or bool(getattr(value, "__triton_builtin__", False))
+            or str(getattr(value, "__module__", "") or "").startswith("triton."))
+
+
+def _global_names(code: types.CodeType) -> Iterator[str]:
+    """The global names ``code`` (and any code nested in it) reads."""
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+            yield str(instruction.argval)
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            yield from _global_names(constant)
+
+
+def _refuse_python_globals(kernel: Any) -> None:
+    """Refuse a kernel (or a ``@triton.jit`` function it calls) that reads a Python global
+    other than a module, a jitted function or a ``tl.constexpr``.
+
+    Triton's interpreter runs the kernel as Python and lets it read any global, such as
+    ``LOG2_E = math.log2(math.e)``; the compiler refuses it (a ``CompilationError``
+    naming a global that is not a constexpr), so such a kernel would fail on a GPU.
+    """
+    seen: set[int] = set()
+    pending = [kernel]
+    while pending:
+        jitted = pending.pop()
+        fn = getattr(jitted, "fn", jitted)
+        if id(fn) in seen or not isinstance(getattr(fn, "__code__", None), types.CodeType):
+            continue
+        seen.add(id(fn))
+        namespace = getattr(fn, "__globals__", {})
+        for name in dict.fromkeys(_global_names(fn.__code__)):
+            if name not in namespace:
+                continue  # a builtin such as range or float
+            value = namespace[name]
+            if _is_jitted(value):
+                pending.append(value)
+                continue
+            if _allowed_in_a_kernel(value):
+                continue
+            where = ("" if jitted is kernel else
+                     f" (in {answer_name(fn, 'a helper')}, which {_kernel_name(kernel)} calls)")
+            kind = ("calls the plain Python function" if callable(value)
+                    else "reads the Python global")
+            raise CheckFailed(
+                f"{_kernel_name(kernel)} {kind} {name} ({type_name(value)}) inside the "
+                f"kernel{where}. Triton's interpreter allows that, but the compiler accepts "
+                "only literals, arguments, tl.constexpr globals and @triton.jit functions "
+                "there, so on a GPU the kernel fails to compile. See the comment beside "
+                "log2(e) in the row-softmax kernel of 'Triton's model: programs and blocks'.")
+
+
 def _kernel_name(kernel: Any) -> str:
     return answer_name(getattr(kernel, "fn", kernel), "kernel")
 
 
-def _launch(kernel: Any, grid: tuple[int, ...], args: tuple, kwargs: dict, what: str) -> None:
+@contextlib.contextmanager
+def _recorded_reads(interpreted: bool) -> Iterator[list[Any]]:
+    """While the block runs, the addresses of every lane Triton's interpreter loads (its
+    mask True), one NumPy array per ``tl.load``; nothing is recorded for a compiled
+    kernel, or where this Triton's interpreter has no ``create_masked_load`` to watch."""
+    reads: list[Any] = []
+    try:
+        from triton.runtime import interpreter  # type: ignore[import-untyped]
+
+        builder = interpreter.interpreter_builder
+        original = builder.create_masked_load
+    except (ImportError, AttributeError):
+        interpreted = False
+    if not interpreted:
+        yield reads
+        return
+    import numpy as np
+
+    def recording(ptrs: Any, mask: Any, *args: Any, **kwargs: Any) -> Any:
+        with contextlib.suppress(Exception):  # the record must never break the load
+            addresses = np.asarray(ptrs.data)
+            lanes = np.broadcast_to(np.asarray(mask.data, dtype=bool), addresses.shape)
+            reads.append(addresses[lanes].astype(np.uint64))
+        return original(ptrs, mask, *args, **kwargs)
+
+    patched_before = "create_masked_load" in vars(builder)
+    builder.create_masked_load = recording
+    try:
+        yield reads
+    finally:
+        if patched_before:
+            builder.create_masked_load = original
+        else:
+            del builder.create_masked_load
+
+
+def _launch(kernel: Any, grid: tuple[int, ...], args: tuple, kwargs: dict, what: str
+            ) -> list[Any]:
     """Run ``kernel[grid](*args, **kwargs)``; an error in it becomes a CheckFailed.
 
     Triton's interpreter wraps an exception raised inside a kernel in its own
     ``InterpreterError``; the learner's exception (a ``NotImplementedError`` from
     the stub, a shape error from ``tl.store``) is reported instead.
+
+    Returns:
+        Under the interpreter, the addresses the kernel loaded (see
+        :func:`_recorded_reads`); for a compiled kernel an empty list.
     """
+    on_gpu = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+    reads: list[Any] = []
+
     def run() -> None:
         try:
             with warnings.catch_warnings():  # NumPy's overflow warnings: the check explains
                 warnings.simplefilter("ignore", RuntimeWarning)
-                kernel[grid](*args, **kwargs)
-            if any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+                with _recorded_reads(not on_gpu) as recorded:
+                    kernel[grid](*args, **kwargs)
+                reads.extend(recorded)
+            if on_gpu:
                 torch.cuda.synchronize()
         except Exception as exc:
             cause = exc.__cause__
@@ -123,6 +241,23 @@ def _launch(kernel: Any, grid: tuple[int, ...], args: tuple, kwargs: dict, what:
             raise
 
     call_answer(run, what=what)
+    return reads
+
+
+def _reads_outside(reads: list[Any], tensors: list[torch.Tensor]) -> Any:
+    """The addresses in ``reads`` outside every tensor of ``tensors``, sorted (a NumPy
+    array, empty when every read stays inside them)."""
+    import numpy as np
+
+    if not reads:
+        return np.zeros(0, dtype=np.uint64)
+    addresses = np.concatenate(reads)
+    inside = np.zeros(addresses.shape, dtype=bool)
+    for tensor in tensors:
+        start = tensor.data_ptr()
+        end = start + tensor.numel() * tensor.element_size()
+        inside |= (addresses >= start) & (addresses < end)
+    return np.sort(addresses[~inside])
 
 
 def _named_mistake(out: torch.Tensor, wrong: list[tuple[str, torch.Tensor]]) -> str | None:
@@ -185,6 +320,13 @@ def _lse_without_rescale(x: torch.Tensor, block: int) -> torch.Tensor:
     return row_max + torch.log(row_sum)
 
 
+#: Where chapter 11 shows each part of the log-sum-exp kernel.
+_SEE_MASKS = "See the row-softmax kernel of 'Triton's model: programs and blocks'"
+_SEE_ONLINE = "Compare your loop with chapter 8's online softmax"
+_SEE_EXP2 = ("See why the row-softmax kernel of 'Triton's model: programs and blocks' "
+             "calls exp2, and what it multiplies x by")
+
+
 def _logsumexp_wrong_answers(buffer: torch.Tensor, num_cols: int, block: int
                              ) -> list[tuple[str, torch.Tensor]]:
     """(message, what that mistake returns) for one probe, in float64."""
@@ -198,69 +340,87 @@ def _logsumexp_wrong_answers(buffer: torch.Tensor, num_cols: int, block: int
     ln_sum_pow2 = _lse(real * math.log(2.0))  # ln(sum_j 2**x_j): exp2 of the raw x
     wrong = [
         ("loads past the row's end: the last block's lanes beyond num_cols read whatever "
-         "follows the row (here the checker's guard values, 30.0). Load with "
-         "mask=cols < num_cols", _lse(x[:, :last_end])),
+         f"follows the row (here the checker's guard values, {_LSE_GUARD}), because the "
+         f"load has no edge mask. {_SEE_MASKS}", _lse(x[:, :last_end])),
         ("fills the masked lanes of the last block with 0.0 (other=0.0): each of them adds "
-         "exp(0 - max) to the sum. Use other=float('-inf'), whose exp is 0 (without "
-         "other, the masked lanes are undefined)",
+         "exp(0 - max) to the sum (without other, the masked lanes are undefined). "
+         f"{_SEE_MASKS}, and what FILL=0.0 does to it",
          _lse(torch.cat([real, torch.zeros(num_rows, pad, dtype=x.dtype,
                                            device=x.device)], dim=-1))),
-        ("reads one entry past the row's end: the mask must be cols < num_cols, not "
-         "cols <= num_cols", _lse(x[:, :num_cols + 1])),
-        ("skips the last, partial block: loop over range(0, num_cols, BLOCK), which "
-         "includes a start that leaves fewer than BLOCK entries, and mask that block",
+        ("reads one entry past the row's end: a mask cols <= num_cols keeps the lane "
+         f"cols == num_cols, which is not in the row. {_SEE_MASKS}",
+         _lse(x[:, :num_cols + 1])),
+        ("skips the last, partial block: the loop stops before a block that holds fewer "
+         f"than BLOCK entries. {_SEE_MASKS}, whose mask handles such a block",
          _lse(real[:, :(num_cols // block) * block])),
-        ("forgets to rescale the running sum when the maximum grows: multiply it by "
-         "exp(m_old - m_new) before adding the new block, as in chapter 8's online "
-         "softmax", _lse_without_rescale(real, block)),
+        ("forgets to rescale the running sum when the maximum grows: the sum of the earlier "
+         f"blocks stays relative to the old maximum. {_SEE_ONLINE}",
+         _lse_without_rescale(real, block)),
         ("returns the log-sum-exp in base 2, log2(sum exp(x)): with exp2 and log2 the "
-         "result must still be multiplied by ln 2 = 0.6931... at the end",
-         _lse(real) * _LOG2_E),
-        ("calls exp2 on x itself: exp(x) is exp2(x * log2(e)), so multiply x by "
-         "log2(e) = 1.4427 first (or use tl.exp)", ln_sum_pow2),
-        ("calls exp2 on x itself and returns base-2 units: exp(x) is "
-         "exp2(x * log2(e)), and the result must be multiplied by ln 2 at the end",
-         ln_sum_pow2 / math.log(2.0)),
-        ("ignores row_stride: row r starts at x_ptr + r * row_stride, which need not be "
-         "r * num_cols (the rows of a strided tensor, or of a padded buffer as here)",
-         _lse(by_num_cols)),
+         "result is in base-2 units. See 'The forward kernel', whose log-sum-exp is "
+         "converted from base 2 to the natural log", _lse(real) * _LOG2_E),
+        (f"calls exp2 on x itself, which is 2**x, not e**x. {_SEE_EXP2}", ln_sum_pow2),
+        ("calls exp2 on x itself (2**x, not e**x) and returns base-2 units. "
+         f"{_SEE_EXP2}", ln_sum_pow2 / math.log(2.0)),
+        ("ignores row_stride: it steps from row to row by num_cols, but the rows of a "
+         "strided tensor (or of the padded buffer here) start row_stride entries apart, "
+         "as the exercise says", _lse(by_num_cols)),
     ]
     return [(message, answer) for message, answer in wrong
             if not is_close(answer, _lse(real), atol=_ATOL, rtol=_RTOL)]
 
 
-def _judge_logsumexp(out_buffer: torch.Tensor, num_rows: int, buffer: torch.Tensor,
-                     num_cols: int, block: int, what: str) -> None:
+def _judge_logsumexp(out_buffer: torch.Tensor, unwritten_value: torch.Tensor, num_rows: int,
+                     buffer: torch.Tensor, num_cols: int, block: int, what: str,
+                     extreme: bool) -> None:
+    """Raise CheckFailed unless ``out_buffer[:num_rows]`` holds each row's log-sum-exp and
+    the guard entries after it still hold ``unwritten_value``, the checker's fill."""
     out = out_buffer[:num_rows].double()
-    if not torch.isnan(out_buffer[num_rows:]).all():
+    if not torch.equal(out_buffer[num_rows:], unwritten_value.expand(len(out_buffer) - num_rows)):
         raise CheckFailed(
-            f"{what} writes past the end of out, which has one entry per row: store "
-            "out_ptr + row, with row = tl.program_id(0).")
-    unwritten = torch.isnan(out).nonzero().flatten().tolist()
+            f"{what} writes past the end of out, which has one entry per row: each program "
+            "stores exactly one number, at the entry of its own row.")
+    unwritten = (out_buffer[:num_rows] == unwritten_value).nonzero().flatten().tolist()
     expected = _lse(buffer.double()[:, :num_cols])
     if unwritten:
         raise CheckFailed(
-            f"{what} leaves out[{unwritten[0]}] unwritten (still nan): each program stores "
-            "one number, the log-sum-exp of row tl.program_id(0), at out_ptr + row.")
+            f"{what} leaves out[{unwritten[0]}] unwritten (it still holds the value the "
+            "checker put there): each program stores one number, the log-sum-exp of its "
+            "row, tl.program_id(0), at that row's entry of out.")
     if is_close(out, expected, atol=_ATOL, rtol=_RTOL):
         return
     mistake = _named_mistake(out, _logsumexp_wrong_answers(buffer, num_cols, block))
     if mistake is not None:
         raise CheckFailed(f"{what} {mistake}.")
-    if (out == math.inf).any() or (out.isnan().any() and torch.isfinite(expected).all()):
+    if extreme and ((out == math.inf).any() or out.isnan().any()):
         raise CheckFailed(
-            f"{what} gives inf or nan on rows near +100, where exp overflows float32 (above "
-            "about 88): subtract the running maximum inside every exp.")
-    if (out == -math.inf).any():
+            f"{what} gives inf or nan on the row near +100, where exp overflows float32 "
+            "(above about 88): an exponential of an entry is taken without the running "
+            f"maximum subtracted. {_SEE_ONLINE}.")
+    if extreme and (out == -math.inf).any():
         raise CheckFailed(
-            f"{what} gives -inf on rows near -120, where every exp(x) underflows to 0 in "
-            "float32: start the running maximum at -inf (tl.full([], float('-inf'), "
-            "tl.float32)), not at 0, and subtract it inside every exp.")
+            f"{what} gives -inf on the row near -120, where every exp(x) underflows to 0 in "
+            "float32 if the running maximum starts at 0 instead of below every entry. "
+            f"{_SEE_ONLINE}.")
+    computed_nan = out.isnan().nonzero().flatten().tolist()
+    if computed_nan:
+        raise CheckFailed(
+            f"{what} stores nan for row {computed_nan[0]} (it wrote that nan: the entry is "
+            "not unwritten). A nan comes from 0 * inf, inf - inf or 0 / 0; at the first "
+            "block the running sum is 0 and the running maximum below every entry, so look "
+            "at the rescale factor of the running sum there: is it the wrong way round? "
+            f"{_SEE_ONLINE}.")
     raise CheckFailed(
         f"{what} differs from torch.logsumexp by up to {max_difference(out, expected):.3g}, "
         "and it matches none of the typical mistakes this check knows. Print your "
         "running maximum and sum for one row, block by block, and compare with "
         "torch.logsumexp of the entries read so far.")
+
+
+#: What every entry of ``out`` (and ``delta``) holds before the launch: an entry that
+#: still holds it was never written; one past the end that lost it was written without
+#: the edge mask. Finite, so that a nan the kernel computed is told apart from it.
+_UNWRITTEN = -1.2345e37
 
 
 @checker
@@ -276,15 +436,21 @@ def check_logsumexp_kernel(kernel: Any, *, device: torch.device | str | None = N
     last block, whole blocks only, a row shorter than one block), rows whose
     maximum grows from block to block, and rows near +100 and -120 (where exp
     overflows or underflows float32). Past each row's end the buffer holds the
-    guard value 30.0, and ``out`` has guard entries after its last row.
+    guard value 30.0; ``out`` and the guard entries after its last row start with
+    a finite fill value, so that an unwritten entry is told from a computed nan.
 
     Recognised mistakes: a load without the edge mask (reads the guard); masked
     lanes filled with 0.0 instead of ``-inf``; the mask ``cols <= num_cols``;
     the last, partial block skipped; the running sum not rescaled; a base-2
-    result not multiplied by ln 2; ``exp2`` without the factor ``log2(e)``;
+    result not converted to the natural log; ``exp2`` of ``x`` itself;
     ``row_stride`` ignored; overflow (no running maximum) and underflow (a
-    running maximum started at 0); rows left unwritten or stores past ``out``;
-    a plain Python function without ``@triton.jit``.
+    running maximum started at 0); a computed nan (such as a rescale factor
+    the wrong way round); rows left unwritten or stores past ``out``; a plain
+    Python function without ``@triton.jit``; a Python global such as
+    ``LOG2_E = math.log2(math.e)`` or a plain function used inside the kernel,
+    which the interpreter runs but Triton's compiler refuses. No message
+    states the answer: each names the mistake and where the chapter shows
+    the right way.
 
     Args:
         kernel: the learner's ``@triton.jit`` function
@@ -313,9 +479,10 @@ def check_logsumexp_kernel(kernel: Any, *, device: torch.device | str | None = N
     _require_kernel(kernel, "a log-sum-exp kernel(x_ptr, out_ptr, num_cols, row_stride, "
                             "BLOCK)")
     name = _kernel_name(kernel)
+    unwritten = torch.tensor(_UNWRITTEN, dtype=torch.float32)
     for buffer, num_cols, block, probe in _logsumexp_probes(device):
         num_rows, row_stride = buffer.shape
-        out = torch.full((num_rows + 4,), math.nan, dtype=torch.float32, device=device)
+        out = torch.full((num_rows + 4,), _UNWRITTEN, dtype=torch.float32, device=device)
         before = buffer.clone()
         what = (f"{name}[({num_rows},)](x, out, num_cols={num_cols}, row_stride={row_stride}, "
                 f"BLOCK={block}) on {probe}")
@@ -323,7 +490,8 @@ def check_logsumexp_kernel(kernel: Any, *, device: torch.device | str | None = N
                 what)
         if not torch.equal(before, buffer):
             raise CheckFailed(f"{what} changes x; store only into out.")
-        _judge_logsumexp(out.cpu(), num_rows, buffer.cpu(), num_cols, block, what)
+        _judge_logsumexp(out.cpu(), unwritten, num_rows, buffer.cpu(), num_cols, block, what,
+                         extreme="near +100" in probe)
     return passed(f"{name} gives each row's log-sum-exp for rows of 5 to 64 entries, with a "
                   "partial last block, whole blocks only, a row shorter than one block, and "
                   "rows near +100 and -120.")
@@ -333,29 +501,39 @@ def check_logsumexp_kernel(kernel: Any, *, device: torch.device | str | None = N
 # D = rowsum(dO * O), FlashAttention-2's preprocessing
 
 
-#: The value of every entry of the delta buffer before the launch: an entry past
-#: num_rows that changes was written without the edge mask; a row still holding it
-#: was never written.
-_DELTA_SENTINEL = math.nan
-#: The value of the guard rows after O and dO.
-_DELTA_GUARD = 5.0
+#: The value of the guard rows after O and dO, outside the tensors the kernel gets: a
+#: load without its edge mask reads them, and nan poisons whatever it enters.
+_DELTA_GUARD = math.nan
+
+_SEE_EDGE_MASKS = "See 'Masks at the edges' in 'The forward kernel'"
 
 
 def _delta_probes(device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor, int, int,
                                                       str]]:
     """(out_buffer, grad_buffer, num_rows, BLOCK_M, description): O and dO are the first
-    num_rows rows of buffers (num_rows + BLOCK_M, HEAD_DIM) whose other rows are guards."""
+    num_rows rows of buffers (num_rows + BLOCK_M, HEAD_DIM) whose other rows are guards.
+
+    The last two probes are float16 and bfloat16, as O and dO are in training: in
+    float16 their entries' products pass 65504, float16's largest number, so a kernel
+    that multiplies them without converting them to float32 first gets inf.
+    """
     gen = torch.Generator().manual_seed(2307)
     probes = []
-    for num_rows, head_dim, block_m, probe in (
-            (50, 16, 16, "50 rows of 16, BLOCK_M=16 (the last block holds 2 rows)"),
-            (64, 32, 16, "64 rows of 32, BLOCK_M=16 (4 full blocks)"),
-            (7, 64, 16, "7 rows of 64, BLOCK_M=16 (one block, 9 rows past the end)"),
-            (40, 16, 32, "40 rows of 16, BLOCK_M=32")):
+    for num_rows, head_dim, block_m, dtype, scale, probe in (
+            (50, 16, 16, torch.float32, 1.0,
+             "50 rows of 16, BLOCK_M=16 (the last block holds 2 rows)"),
+            (64, 32, 16, torch.float32, 1.0, "64 rows of 32, BLOCK_M=16 (4 full blocks)"),
+            (7, 64, 16, torch.float32, 1.0,
+             "7 rows of 64, BLOCK_M=16 (one block, 9 rows past the end)"),
+            (40, 16, 32, torch.float32, 1.0, "40 rows of 16, BLOCK_M=32"),
+            (20, 32, 16, torch.float16, 300.0,
+             "20 rows of 32 in float16, entries near +-300, BLOCK_M=16"),
+            (20, 32, 16, torch.bfloat16, 1.0, "20 rows of 32 in bfloat16, BLOCK_M=16")):
         buffers = []
         for _ in range(2):
-            buffer = torch.full((num_rows + block_m, head_dim), _DELTA_GUARD)
-            buffer[:num_rows] = torch.randn(num_rows, head_dim, generator=gen)
+            buffer = torch.full((num_rows + block_m, head_dim), _DELTA_GUARD, dtype=dtype)
+            buffer[:num_rows] = (torch.randn(num_rows, head_dim, generator=gen) * scale
+                                 ).to(dtype)
             buffers.append(buffer.to(device))
         probes.append((buffers[0], buffers[1], num_rows, block_m, probe))
     return probes
@@ -374,35 +552,37 @@ def _delta_wrong_answers(o: torch.Tensor, do: torch.Tensor, num_rows: int, block
         column_sums = torch.cat([products[start:start + block_m].sum(0)
                                  for start in range(0, num_rows, block_m)])[:num_rows]
         wrong.append(("sums along axis 0, over the rows of the block: D_i sums row i of "
-                      "dO * O over its HEAD_DIM entries, tl.sum(o * do, axis=1)", column_sums))
+                      "dO * O over its HEAD_DIM entries", column_sums))
     return wrong + [
-        ("sums dO alone: D_i = sum_k dO_ik * O_ik needs the product with the output O "
-         "(the forward's output, out_ptr)", do[:num_rows].sum(-1)),
-        ("sums O alone: D_i = sum_k dO_ik * O_ik needs the product with the upstream "
-         "gradient dO (grad_out_ptr)", o[:num_rows].sum(-1)),
-        ("steps from row to row by 1 instead of HEAD_DIM: the entry (i, k) of a "
-         "contiguous (num_rows, HEAD_DIM) tensor is at i * HEAD_DIM + k, so the offsets "
-         "are rows[:, None] * HEAD_DIM + dims[None, :]",
-         (flat_o[index] * flat_do[index]).sum(-1)),
-        ("sums the squares of dO: D_i is the dot product of row i of dO with row i of "
-         "O", (do[:num_rows] ** 2).sum(-1)),
+        ("sums dO alone: D_i needs the product of dO with the output O (the forward's "
+         "output, out_ptr). See 'The backward pass, derived'", do[:num_rows].sum(-1)),
+        ("sums O alone: D_i needs the product of O with the upstream gradient dO "
+         "(grad_out_ptr). See 'The backward pass, derived'", o[:num_rows].sum(-1)),
+        ("steps from row to row by 1 instead of HEAD_DIM: in a contiguous (num_rows, "
+         "HEAD_DIM) tensor consecutive rows lie HEAD_DIM entries apart. See 'Where the "
+         "data is' in 'The forward kernel'", (flat_o[index] * flat_do[index]).sum(-1)),
+        ("sums the squares of dO: D_i multiplies row i of dO with row i of O. See 'The "
+         "backward pass, derived'", (do[:num_rows] ** 2).sum(-1)),
     ]
 
 
-def _judge_delta(delta: torch.Tensor, o: torch.Tensor, do: torch.Tensor, num_rows: int,
-                 block_m: int, what: str) -> None:
-    if not torch.isnan(delta[num_rows:]).all():
-        written = (~torch.isnan(delta[num_rows:])).nonzero().flatten()
+def _judge_delta(delta: torch.Tensor, unwritten_value: torch.Tensor, o: torch.Tensor,
+                 do: torch.Tensor, num_rows: int, block_m: int, what: str) -> None:
+    """Raise CheckFailed unless ``delta[:num_rows]`` holds each row's sum of dO * O and the
+    entries after it still hold ``unwritten_value``, the checker's fill."""
+    past_end = delta[num_rows:] != unwritten_value
+    if past_end.any():
+        written = past_end.nonzero().flatten()
         raise CheckFailed(
             f"{what} writes past the end of delta, at row {num_rows + int(written[0])}: the "
-            "last program's block runs past num_rows, so tl.store needs "
-            "mask=rows < num_rows (on a GPU this overwrites other memory).")
-    unwritten = torch.isnan(delta[:num_rows]).nonzero().flatten().tolist()
+            "last program's block runs past num_rows and its store has no edge mask (on a "
+            f"GPU this overwrites other memory). {_SEE_EDGE_MASKS}.")
+    unwritten = (delta[:num_rows] == unwritten_value).nonzero().flatten().tolist()
     if unwritten:
         raise CheckFailed(
             f"{what} leaves delta[{unwritten[0]}] unwritten (and {len(unwritten) - 1} other "
-            "rows): program p handles rows p * BLOCK_M ... p * BLOCK_M + BLOCK_M - 1, "
-            "rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M).")
+            "rows): no program stores those rows. Program p handles the p-th block of "
+            "BLOCK_M rows, as the exercise says.")
     out = delta[:num_rows].double()
     expected = (o[:num_rows].double() * do[:num_rows].double()).sum(-1)
     if is_close(out, expected, atol=_ATOL, rtol=_RTOL):
@@ -410,11 +590,51 @@ def _judge_delta(delta: torch.Tensor, o: torch.Tensor, do: torch.Tensor, num_row
     mistake = _named_mistake(out, _delta_wrong_answers(o, do, num_rows, block_m))
     if mistake is not None:
         raise CheckFailed(f"{what} {mistake}.")
+    if o.dtype in (torch.float16, torch.bfloat16):
+        error = ("gives inf or nan" if not torch.isfinite(out).all() else
+                 f"is off by up to {max_difference(out, expected):.3g}")
+        raise CheckFailed(
+            f"{what} computes in {str(o.dtype).replace('torch.', '')}, not float32, and "
+            f"{error}: the loaded blocks are "
+            "multiplied before they are converted with .to(tl.float32), as the exercise asks "
+            "(in float16 products above 65504 become inf; bfloat16 keeps 8 bits of each "
+            "product). The float32 probes before this one passed.")
+    computed_nan = out.isnan().nonzero().flatten().tolist()
+    if computed_nan:
+        raise CheckFailed(
+            f"{what} stores nan for row {computed_nan[0]} (it wrote that nan: the entry is "
+            "not unwritten). The rows after num_rows in the checker's buffers hold nan: does "
+            f"a load without its edge mask reach into them? {_SEE_EDGE_MASKS}.")
     raise CheckFailed(
         f"{what} differs from (O * dO).sum(-1) by up to {max_difference(out, expected):.3g}, "
-        "and it matches none of the typical mistakes this check knows. Load a "
-        "(BLOCK_M, HEAD_DIM) block of each, multiply them entry by entry, and sum along "
-        "axis 1.")
+        "and it matches none of the typical mistakes this check knows. Print the block of "
+        "offsets of one program and check which entries of O and dO they address.")
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``a`` and ``b`` hold the same bytes (nan equal to nan, unlike torch.equal)."""
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def _name_unmasked_load(reads: list[Any], o: torch.Tensor, do: torch.Tensor,
+                        delta: torch.Tensor, what: str) -> None:
+    """Raise CheckFailed if the kernel loaded anything outside O, dO and delta."""
+    outside = _reads_outside(reads, [o, do, delta])
+    if not outside.size:
+        return
+    row_bytes = o.shape[1] * o.element_size()
+    place = "memory outside out, grad_out and delta"
+    for name, tensor in (("out", o), ("grad_out", do)):
+        rows = (outside.astype("int64") - tensor.data_ptr()) // row_bytes
+        past_end = rows[(rows >= tensor.shape[0]) & (rows < 2 * tensor.shape[0])]
+        if past_end.size:
+            place = f"row {int(past_end.min())} of {name}, which has {tensor.shape[0]} rows"
+            break
+    raise CheckFailed(
+        f"{what} loads {place}: the loads of the last block have no edge mask. The "
+        "checker keeps such a read harmless (its values never reach a stored row), but on a "
+        "GPU it reads memory outside the tensors, which compute-sanitizer reports as an "
+        f"invalid global read. {_SEE_EDGE_MASKS}.")
 
 
 @checker
@@ -423,19 +643,27 @@ def check_delta_kernel(kernel: Any, *, device: torch.device | str | None = None)
 
     The checker launches ``kernel[(cdiv(num_rows, BLOCK_M),)](out, grad_out, delta,
     num_rows, HEAD_DIM=head_dim, BLOCK_M=block_m)`` with ``out`` (O) and
-    ``grad_out`` (dO) contiguous float32 ``(num_rows, HEAD_DIM)`` tensors and
-    ``delta`` float32 ``(num_rows,)``: program ``p`` must load rows
-    ``p * BLOCK_M`` to ``p * BLOCK_M + BLOCK_M - 1`` of both (masked past
-    ``num_rows``), and store each row's ``sum_k dO_ik * O_ik``. The probes have
-    50, 64, 7 and 40 rows of 16, 32 or 64, ``BLOCK_M`` 16 or 32 and never equal
-    to ``HEAD_DIM`` twice; past ``num_rows`` each buffer has ``BLOCK_M`` guard
-    rows, and ``delta``'s guard entries are watched.
+    ``grad_out`` (dO) contiguous ``(num_rows, HEAD_DIM)`` tensors and ``delta``
+    float32 ``(num_rows,)``: program ``p`` must load rows ``p * BLOCK_M`` to
+    ``p * BLOCK_M + BLOCK_M - 1`` of both (masked past ``num_rows``), convert
+    them to float32, and store each row's ``sum_k dO_ik * O_ik``. The probes have
+    50, 64, 7 and 40 rows of 16, 32 or 64 in float32, ``BLOCK_M`` 16 or 32 and
+    never equal to ``HEAD_DIM`` twice, then 20 rows in float16 (entries near
+    +-300, whose products overflow float16) and in bfloat16. Each tensor is the
+    start of a buffer whose ``BLOCK_M`` further rows hold nan; under the
+    interpreter the checker records the addresses every ``tl.load`` reads, and
+    ``delta``'s guard entries, like its own rows, start with a finite fill value
+    that tells an unwritten entry from a computed nan.
 
-    Recognised mistakes: a store without the edge mask (writes past
-    ``num_rows``); rows never written (program ``p`` not offset by
-    ``p * BLOCK_M``); the sum of dO alone, of O alone, or of dO squared; rows
-    stepped by 1 instead of ``HEAD_DIM``; a changed input; a plain Python
-    function without ``@triton.jit``.
+    Recognised mistakes: a load without the edge mask (a read past ``num_rows``;
+    recorded under the interpreter only, compiled kernels are not watched); a
+    store without it (writes past ``num_rows``); rows never written (program
+    ``p`` not offset by ``p * BLOCK_M``); the product taken in float16 or
+    bfloat16 (no ``.to(tl.float32)``); the sum along axis 0; the sum of dO
+    alone, of O alone, or of dO squared; rows stepped by 1 instead of
+    ``HEAD_DIM``; a computed nan; a changed input; a plain Python function
+    without ``@triton.jit``; a Python global or plain function used inside the
+    kernel (accepted by the interpreter, refused by Triton's compiler).
 
     Args:
         kernel: the learner's ``@triton.jit`` function ``kernel(out_ptr,
@@ -464,21 +692,27 @@ def check_delta_kernel(kernel: Any, *, device: torch.device | str | None = None)
     _require_kernel(kernel, "a kernel(out_ptr, grad_out_ptr, delta_ptr, num_rows, HEAD_DIM, "
                             "BLOCK_M)")
     name = _kernel_name(kernel)
-    for o, do, num_rows, block_m, probe in _delta_probes(device):
-        head_dim = o.shape[1]
-        delta = torch.full((num_rows + block_m,), _DELTA_SENTINEL, device=device)
-        before = [o.clone(), do.clone()]
+    unwritten = torch.tensor(_UNWRITTEN, dtype=torch.float32)
+    for o_buffer, do_buffer, num_rows, block_m, probe in _delta_probes(device):
+        head_dim = o_buffer.shape[1]
+        o, do = o_buffer[:num_rows], do_buffer[:num_rows]  # the guard rows lie after them
+        delta_buffer = torch.full((num_rows + block_m,), _UNWRITTEN, dtype=torch.float32,
+                                  device=device)
+        delta = delta_buffer[:num_rows]
+        before = [o_buffer.clone(), do_buffer.clone()]
         grid = (math.ceil(num_rows / block_m),)
         what = (f"{name}[{grid}](out, grad_out, delta, num_rows={num_rows}, "
                 f"HEAD_DIM={head_dim}, BLOCK_M={block_m}) on {probe}")
-        _launch(kernel, grid, (o, do, delta, num_rows),
-                {"HEAD_DIM": head_dim, "BLOCK_M": block_m}, what)
-        if not (torch.equal(before[0], o) and torch.equal(before[1], do)):
+        reads = _launch(kernel, grid, (o, do, delta, num_rows),
+                        {"HEAD_DIM": head_dim, "BLOCK_M": block_m}, what)
+        if not (_same_bits(before[0], o_buffer) and _same_bits(before[1], do_buffer)):
             raise CheckFailed(f"{what} changes out or grad_out; store only into delta.")
-        _judge_delta(delta.cpu(), o.cpu(), do.cpu(), num_rows, block_m, what)
+        _judge_delta(delta_buffer.cpu(), unwritten, o_buffer.cpu(), do_buffer.cpu(),
+                     num_rows, block_m, what)
+        _name_unmasked_load(reads, o, do, delta, what)
     return passed(f"{name} gives D = rowsum(dO * O) for 7 to 64 rows, with a partial last "
-                  "block, whole blocks only and fewer rows than one block, and writes nothing "
-                  "past the end.")
+                  "block, whole blocks only and fewer rows than one block, in float32, "
+                  "float16 and bfloat16, and reads and writes nothing past the end.")
 
 
 # ---------------------------------------------------------------------------------------
@@ -532,22 +766,22 @@ _BLOCK_PROBES = (
 
 def _block_wrong_answers() -> list[tuple[str, list[int | None]]]:
     """(message, the answers of that mistake on every probe)."""
+    see = "See the count in 'Block sizes, warps and stages'"
     variants: list[tuple[str, dict[str, Any]]] = [
-        ("counts one K tile and one V tile, whatever num_stages is: with num_stages "
-         "stages, num_stages K tiles and num_stages V tiles are in shared memory at once, "
-         "B * (1 + 2 * num_stages) rows of head_dim numbers in all", {"stages": False}),
-        ("counts the K tiles but not the V tiles: each stage holds a tile of each, "
-         "B * (1 + 2 * num_stages) rows in all", {"kv_tiles": 1}),
-        ("leaves out the Q tile, which the program keeps for its whole loop: "
-         "B * (1 + 2 * num_stages) rows in all", {"q_tiles": "none"}),
+        ("counts one K tile and one V tile, whatever num_stages is: each stage in flight "
+         f"has buffers of its own. {see}", {"stages": False}),
+        (f"counts the K tiles but not the V tiles: each stage holds a tile of each. {see}",
+         {"kv_tiles": 1}),
+        ("leaves out the Q tile, which the program keeps in shared memory for its whole "
+         f"loop. {see}", {"q_tiles": "none"}),
         ("multiplies the Q tile by num_stages too: Q is loaded once, before the loop, "
-         "and only K and V are multi-buffered", {"q_tiles": "per_stage"}),
+         f"and only K and V are multi-buffered. {see}", {"q_tiles": "per_stage"}),
         ("counts bits, not bytes: element_size is already in bytes (2 for bfloat16, 4 "
          "for float32)", {"scale": 8}),
-        ("rejects a block whose tiles fill shared memory exactly: it fits when its bytes "
-         "are <= shared_memory_bytes, not only <", {"strict": True}),
+        ("rejects a block whose tiles fill shared memory exactly: a block fits when its "
+         "tiles take no more than shared_memory_bytes, equality included", {"strict": True}),
         ("returns a block size that is not a power of two: tl.arange(0, BLOCK) needs a "
-         "power of two, so choose among 16, 32, 64, 128 and 256",
+         "power of two, so the exercise lets you choose among 16, 32, 64, 128 and 256",
          {"powers_of_two": False}),
     ]
     return [(message, [_largest_block(*probe, **slip) for probe in _BLOCK_PROBES])
@@ -571,7 +805,9 @@ def check_block_size(fn: Callable[[int, int, int, int], int | None]) -> bool:
     Recognised mistakes: the stages forgotten; the V tiles forgotten; the Q
     tile forgotten, or counted once per stage; bits instead of bytes; ``<``
     instead of ``<=``; a block that is not a power of two; a result that is not
-    an int or None.
+    an integer or None. Any integer type is accepted (``int``, a NumPy
+    integer, a one-element integer tensor). The message for an unknown
+    mistake says whether the block is too large or too small, not which it is.
 
     Args:
         fn: the learner's function, called with four ints.
@@ -581,7 +817,7 @@ def check_block_size(fn: Callable[[int, int, int, int], int | None]) -> bool:
 
     Raises:
         CheckFailed: ``fn`` is not a function, raises, returns something other
-            than an int or None, or computes another block; the message names
+            than an integer or None, or computes another block; the message names
             the mistake where it is a typical one.
 
     Source: Triton 2's ``triton.ops.matmul``, which discarded configurations
@@ -597,14 +833,7 @@ def check_block_size(fn: Callable[[int, int, int, int], int | None]) -> bool:
     for probe in _BLOCK_PROBES:
         what = (f"{name}(head_dim={probe[0]}, element_size={probe[1]}, "
                 f"num_stages={probe[2]}, shared_memory_bytes={probe[3]})")
-        out = call_answer(fn, *probe, what=what)
-        if isinstance(out, torch.Tensor) and out.numel() == 1 and not out.is_floating_point():
-            out = int(out)
-        if out is not None and (isinstance(out, bool) or not isinstance(out, int)):
-            raise CheckFailed(
-                f"{what} returned {type_name(out)} {out!r:.40}; expected an int, the block "
-                "size (such as 64), or None when no block fits.")
-        answers.append(out)
+        answers.append(_block_answer(call_answer(fn, *probe, what=what), what))
     expected = [_largest_block(*probe) for probe in _BLOCK_PROBES]
     if answers == expected:
         return passed(f"{name} picks the largest block that fits for 8 settings, bfloat16 "
@@ -614,12 +843,36 @@ def check_block_size(fn: Callable[[int, int, int, int], int | None]) -> bool:
             raise CheckFailed(f"{name} {message}.")
     first = next(i for i, (a, e) in enumerate(zip(answers, expected, strict=True)) if a != e)
     head_dim, element_size, num_stages, limit = _BLOCK_PROBES[first]
-    right = expected[first]
-    needed = ("" if right is None else
-              f" (its tiles take {element_size * head_dim * right * (1 + 2 * num_stages)} "
-              "bytes)")
+    got, right = answers[first], expected[first]
+    if got is None:
+        verdict = "but a block among 16, 32, 64, 128 and 256 fits there"
+    elif got not in _BLOCKS:
+        verdict = "which is not one of the blocks 16, 32, 64, 128 and 256"
+    elif right is None or got > right:
+        verdict = "but the tiles of that block do not fit there"
+    else:
+        verdict = "but a larger block still fits there"
     raise CheckFailed(
         f"{name}(head_dim={head_dim}, element_size={element_size}, num_stages={num_stages}, "
-        f"shared_memory_bytes={limit}) returned {answers[first]!r}; the largest block that "
-        f"fits is {right!r}{needed}. Count element_size * head_dim * (B + 2 * num_stages * "
-        "B) bytes for each B and keep the largest that is <= shared_memory_bytes.")
+        f"shared_memory_bytes={limit}) returned {got!r}, {verdict}; the answers match none "
+        "of the typical mistakes this check knows. Count the bytes of the tiles as 'Block "
+        "sizes, warps and stages' does, for each block, and print them beside "
+        "shared_memory_bytes.")
+
+
+def _block_answer(out: object, what: str) -> int | None:
+    """The learner's block as an int: any integer type (int, a NumPy integer, an integer
+    tensor of one element) or None; a float, a bool or anything else is a CheckFailed."""
+    if isinstance(out, torch.Tensor) and out.numel() == 1 and not (
+            out.is_floating_point() or out.is_complex() or out.dtype == torch.bool):
+        return int(out)
+    if out is None:
+        return None
+    if not isinstance(out, (bool, torch.Tensor)) and type(out).__name__ != "bool_":
+        try:
+            return operator.index(out)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+    raise CheckFailed(
+        f"{what} returned {type_name(out)} {out!r:.40}; expected an integer, the block "
+        "size (such as 64), or None when no block fits.")
