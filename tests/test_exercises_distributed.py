@@ -36,7 +36,9 @@ def book_merge(out_a, lse_a, out_b, lse_b):
 
 def learner_merge(weights="right", normalise=True, lse="right", stable=True):
     def my_merge(out_a, lse_a, out_b, lse_b):
-        m = torch.maximum(lse_a, lse_b) if stable else torch.zeros_like(lse_a)
+        m = {True: torch.maximum(lse_a, lse_b), False: torch.zeros_like(lse_a),
+             "global": torch.maximum(lse_a.max(), lse_b.max()).expand_as(lse_a),
+             "min": torch.minimum(lse_a, lse_b)}[stable]
         w_a, w_b = torch.exp(lse_a - m), torch.exp(lse_b - m)
         if weights == "equal":
             w_a, w_b = torch.ones_like(w_a), torch.ones_like(w_b)
@@ -61,6 +63,26 @@ def test_lse_merge_accepts_the_book_solution_and_the_reference(capsys):
     assert check_lse_merge(learner_merge()) is True
 
 
+def stabilised_by_lse_a(out_a, lse_a, out_b, lse_b):
+    """The learner's merge of the issue: the shift is lse_a, not the larger one."""
+    w_b = torch.exp(lse_b - lse_a)
+    return (out_a + w_b * out_b) / (1 + w_b), lse_a + torch.log1p(w_b)
+
+
+def test_lse_merge_accepts_a_list_and_other_right_forms():
+    # The exercise says "returns (out, lse)": any sequence of the two tensors is that pair.
+    assert check_lse_merge(lambda *parts: list(book_merge(*parts))) is True
+
+    def with_softmax_weights(out_a, lse_a, out_b, lse_b):
+        weights = torch.softmax(torch.stack([lse_a, lse_b]), dim=0)  # stable, no nan at -inf
+        lse = torch.maximum(lse_a, lse_b) + torch.log(
+            torch.exp(lse_a - torch.maximum(lse_a, lse_b))
+            + torch.exp(lse_b - torch.maximum(lse_a, lse_b)))
+        return weights[0] * out_a + weights[1] * out_b, lse
+
+    assert check_lse_merge(with_softmax_weights) is True
+
+
 def test_lse_merge_accepts_logaddexp():
     def with_logaddexp(out_a, lse_a, out_b, lse_b):
         lse = torch.logaddexp(lse_a, lse_b)
@@ -78,20 +100,53 @@ def test_lse_merge_accepts_logaddexp():
     pytest.param(learner_merge(lse="max"), r"returns max\(lse_a, lse_b\)", id="lse-max"),
     pytest.param(learner_merge(lse="sum"), "adds the two log-sum-exps", id="lse-sum"),
     pytest.param(learner_merge(lse="mean"), "log of the mean", id="lse-mean"),
-    pytest.param(learner_merge(stable=False), "overflows float64", id="overflow"),
+    pytest.param(learner_merge(stable=False), "without subtracting anything first.*"
+                                              "overflows float64", id="overflow"),
+    pytest.param(stabilised_by_lse_a, "shifts the exponentials by lse_a, not by the larger.*"
+                                      r"seen on a first part that saw no key", id="shift-lse-a"),
     pytest.param(lambda oa, la, ob, lb: (
         (torch.exp(la - lb) * oa + ob) / (torch.exp(la - lb) + 1),
-        lb + torch.log1p(torch.exp(la - lb))), "part that saw no key has weight", id="nan-on-empty"),
+        lb + torch.log1p(torch.exp(la - lb))), "shifts the exponentials by lse_b.*seen on a "
+                                               "first half of keys and a second part that saw "
+                                               "no key", id="shift-lse-b"),
+    pytest.param(learner_merge(stable="global"), "one maximum for the whole tensor.*seen on "
+                                                 "two halves whose rows lie near",
+                 id="global-max"),
+    pytest.param(learner_merge(stable="min"), "by the smaller of the two log-sum-exps",
+                 id="shift-min"),
+    pytest.param(lambda oa, la, ob, lb: (
+        torch.nan_to_num((torch.exp(la) * oa + torch.exp(lb) * ob) / (torch.exp(la)
+                                                                      + torch.exp(lb))),
+        torch.logaddexp(la, lb)), "right on ordinary log-sum-exps but not on two halves "
+                                  "whose log-sum-exps are near \\+800.*nan_to_num",
+                 id="nan-to-num"),
     pytest.param(lambda oa, la, ob, lb: (oa.mul_(2.0), la), "changed its argument out_a",
                  id="in-place"),
-    pytest.param(lambda oa, la, ob, lb: oa, "expected a tuple", id="not-a-pair"),
+    pytest.param(lambda oa, la, ob, lb: oa, "expected a pair \\(out, lse\\)", id="not-a-pair"),
+    pytest.param(lambda oa, la, ob, lb: torch.cat(book_merge(oa, la, ob, lb), dim=-1),
+                 "returned torch.Tensor; expected a pair", id="one-tensor"),
     pytest.param(lambda oa, la, ob, lb: (oa, la.squeeze(-1)), "returned shape", id="lse-shape"),
     pytest.param(lambda oa, la, ob, lb: book_merge(oa * 2, la, ob, lb),
                  "differs from the right one", id="something-else"),
 ])
 def test_lse_merge_names_each_wrong_answer(wrong, named):
-    with pytest.raises(CheckFailed, match=named):
+    with pytest.raises(CheckFailed, match=named) as failure:
         check_lse_merge(wrong)
+    # No message spells out the merge or points to the function the exercise forbids.
+    assert "merge_partials" not in str(failure.value)
+    assert "exp(lse_a - lse)" not in str(failure.value)
+    assert "/ (w_a + w_b)" not in str(failure.value)
+
+
+def test_lse_merge_messages_point_to_the_section():
+    from attnlib.exercises.distributed import _merge_probes, _merge_wrong_answers
+
+    messages = list(_merge_wrong_answers(*_merge_probes()[0][0]))
+    assert len(messages) == 12
+    assert not any("w_a * out_a" in message or "exp(lse_b - m)" in message
+                   for message in messages)
+    with pytest.raises(CheckFailed, match="See 'The merge is the online softmax'"):
+        check_lse_merge(learner_merge(weights="equal"))
 
 
 # ---------------------------------------------------------------------------
@@ -132,12 +187,16 @@ def test_ring_steps_accepts_the_book_solution_and_the_library(capsys):
     pytest.param(lambda r, s, p: "Skip" if book_ring_step(r, s, p) == "skip"
                  else book_ring_step(r, s, p), "expected one of", id="bad-string"),
     pytest.param(lambda r, s, p: "skip" if (r, s, p) == (4, 2, 6) else book_ring_step(r, s, p),
-                 r"rank=4, step=2, world_size=6\) returned 'skip'", id="one-wrong-entry"),
+                 r"rank=4, step=2, world_size=6\) returned 'skip', which is not what",
+                 id="one-wrong-entry"),
     pytest.param(lambda r, s: "full", "TypeError", id="wrong-signature"),
 ])
 def test_ring_steps_names_each_wrong_answer(wrong, named):
-    with pytest.raises(CheckFailed, match=named):
+    with pytest.raises(CheckFailed, match=named) as failure:
         check_causal_ring_steps(wrong)
+    # Neither the expected kind nor the forbidden ring_schedule appears.
+    assert "ring_schedule" not in str(failure.value)
+    assert "so the answer is" not in str(failure.value)
 
 
 # ---------------------------------------------------------------------------
@@ -173,16 +232,37 @@ def _chunk(x, parts, index):
                  id="mirror-p"),
     pytest.param(lambda x, r, p: torch.cat([_chunk(x, 2 * p, r), _chunk(x, 2 * p, 2 * p - r)],
                                            dim=-2), "IndexError", id="mirror-off-by-one"),
+    pytest.param(lambda x, r, p: torch.cat([_chunk(x, 2 * p, r),
+                                            _chunk(x, 2 * p, 2 * p - 2 - r)], dim=-2),
+                 "late chunk one too early", id="late-2p-2-r"),
+    pytest.param(lambda x, r, p: torch.cat([_chunk(x, 2 * p, r), _chunk(x, 2 * p, p + r)],
+                                           dim=-2), "chunk world_size \\+ rank", id="p-plus-r"),
+    pytest.param(lambda x, r, p: torch.cat([_chunk(x, p, r), _chunk(x, p, p - 1 - r)], dim=-2),
+                 "into world_size chunks, not 2 \\* world_size", id="p-chunks"),
+    pytest.param(lambda x, r, p: _chunk(x, 2 * p, r), "only the early chunk", id="early-only"),
+    pytest.param(lambda x, r, p: _chunk(x, 2 * p, 2 * p - 1 - r), "only the late chunk",
+                 id="late-only"),
+    pytest.param(lambda x, r, p: torch.cat([_chunk(x, 2 * p, r), _chunk(x, 2 * p, 2 * p - 1 - r)],
+                                           dim=-1), "along the last dimension",
+                 id="cat-features"),
+    pytest.param(lambda x, r, p: torch.stack([_chunk(x, 2 * p, r),
+                                              _chunk(x, 2 * p, 2 * p - 1 - r)]),
+                 "stacks the two chunks", id="stack"),
+    pytest.param(lambda x, r, p: [_chunk(x, 2 * p, r), _chunk(x, 2 * p, 2 * p - 1 - r)],
+                 "returned a list of two tensors", id="list-of-chunks"),
     pytest.param(lambda x, r, p: book_zigzag_shard(x.transpose(-2, -1), r, p),
-                 "returned shape", id="wrong-dim"),
+                 "IndexError", id="wrong-dim"),
+    pytest.param(lambda x, r, p: book_zigzag_shard(x.float(), r, p), "dtype torch.float32",
+                 id="float32"),
     pytest.param(lambda x, r, p: book_zigzag_shard(x.sub_(0.0), r, p) + 1.0,
                  "tokens at positions", id="other-values"),
     pytest.param(lambda x, r, p: book_zigzag_shard(x.mul_(2.0), r, p),
                  "changed its argument x", id="in-place"),
 ])
 def test_zigzag_names_each_wrong_answer(wrong, named):
-    with pytest.raises(CheckFailed, match=named):
+    with pytest.raises(CheckFailed, match=named) as failure:
         check_zigzag_shard(wrong)
+    assert "expected [" not in str(failure.value)  # the expected positions stay unsaid
 
 
 @pytest.mark.parametrize("check", [check_lse_merge, check_causal_ring_steps,
