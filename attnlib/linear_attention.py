@@ -358,6 +358,13 @@ def gated_delta_rule(
     return torch.cat(outputs, dim=2), state  # (b, h, n, dv)
 
 
+def _check_range(name: str, pair: object) -> tuple[float, float]:
+    if (not isinstance(pair, (tuple, list)) or len(pair) != 2
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in pair)):
+        raise TypeError(f"{name} must be a pair (low, high) of real numbers, got {pair!r}")
+    return float(pair[0]), float(pair[1])
+
+
 class RecurrentState:
     """What a :class:`GatedDeltaNet` keeps between decoding steps: constant in size.
 
@@ -414,7 +421,8 @@ class GatedDeltaNet(nn.Module):
         W_beta, W_alpha: ``nn.Linear(d_in, num_heads, bias=False)``.
         conv: depthwise ``nn.Conv1d`` over the ``2 * num_heads * head_dim +
             num_heads * head_dim_v`` channels ``[q, k, v]``, no bias.
-        A_log, dt_bias: ``(num_heads,)`` parameters of the decay.
+        A_log, dt_bias: ``(num_heads,)`` parameters of the decay, drawn as the
+            authors train by :meth:`reset_decay`.
         norm: ``nn.RMSNorm(head_dim_v)``; out_proj: ``nn.Linear(num_heads *
             head_dim_v, d_in, bias=False)``.
 
@@ -463,10 +471,83 @@ class GatedDeltaNet(nn.Module):
         self.W_alpha = nn.Linear(d_in, self.num_heads, bias=False)
         channels = 2 * key_dim + value_dim
         self.conv = nn.Conv1d(channels, channels, self.conv_size, groups=channels, bias=False)
-        self.A_log = nn.Parameter(torch.empty(self.num_heads).uniform_(0.0, 2.0).log())
-        self.dt_bias = nn.Parameter(torch.ones(self.num_heads))
+        self.A_log = nn.Parameter(torch.empty(self.num_heads))
+        self.dt_bias = nn.Parameter(torch.empty(self.num_heads))
+        self.reset_decay()
         self.norm = nn.RMSNorm(self.head_dim_v, eps=eps)
         self.out_proj = nn.Linear(value_dim, d_in, bias=False)
+
+    def reset_decay(
+        self,
+        a_range: tuple[float, float] = (0.0, 16.0),
+        dt_range: tuple[float, float] = (1e-3, 0.1),
+    ) -> None:
+        """Draw the decay's parameters ``A_log`` and ``dt_bias`` as the authors train.
+
+        Per head, ``A ~ U(a_range)`` and a time step ``dt`` log-uniform in
+        ``dt_range``; ``A_log = log A`` and ``dt_bias = softplus^-1(dt)``, so
+        that for an input with ``x W_alpha = 0`` the log decay is
+        ``g = -A * dt``: a state that keeps ``exp(-A dt)`` of itself per token,
+        about 0.92 for the median head (``A = 8``, ``dt = 0.01``), between
+        ``exp(-1.6)`` and 1 across heads. (Hugging Face's Qwen3-Next layer
+        sets ``dt_bias = 1`` at construction, a placeholder for released
+        weights: ``softplus(1) = 1.31``, which forgets most of the state at
+        every token.) ``A`` is floored at 1e-4 so its logarithm is finite.
+        Draws from torch's global generator; called by ``__init__``.
+
+        Args:
+            a_range: ``(low, high)`` of ``A``, ``0 <= low < high``. Default
+                ``(0, 16)``.
+            dt_range: ``(low, high)`` of ``dt``, ``0 < low <= high``. Default
+                ``(1e-3, 0.1)``.
+
+        Raises:
+            TypeError: a range is not a pair of real numbers.
+            ValueError: a range is empty or out of bounds.
+
+        Source: Gu and Dao (2023), "Mamba", section 3.6 (the time step drawn
+        log-uniform, the bias set to its inverse softplus); Yang et al. (2024),
+        "Gated Delta Networks", whose released training code
+        (flash-linear-attention's ``GatedDeltaNet`` layer) draws
+        ``A ~ U(0, 16)`` and ``dt`` in ``[1e-3, 0.1]``.
+        """
+        a_low, a_high = _check_range("a_range", a_range)
+        dt_low, dt_high = _check_range("dt_range", dt_range)
+        if not 0.0 <= a_low < a_high:
+            raise ValueError(f"a_range must satisfy 0 <= low < high, got {a_range!r}")
+        if not 0.0 < dt_low <= dt_high:
+            raise ValueError(f"dt_range must satisfy 0 < low <= high, got {dt_range!r}")
+        h = self.A_log.shape[0]
+        with torch.no_grad():
+            a = torch.empty(h).uniform_(a_low, a_high).clamp_(min=1e-4)  # (h,)
+            log_dt = torch.rand(h) * math.log(dt_high / dt_low) + math.log(dt_low)
+            dt = log_dt.exp()  # (h,), log-uniform in dt_range
+            self.A_log.copy_(a.log())
+            self.dt_bias.copy_(dt.expm1().log())  # softplus(dt_bias) = dt
+
+    def log_decay(self, x: torch.Tensor) -> torch.Tensor:
+        """The gate's log decay ``g = -exp(A_log) * softplus(x W_alpha + dt_bias)``.
+
+        The state is multiplied by ``exp(g)`` before each token's write: the
+        fraction of itself it keeps per token, in (0, 1).
+
+        Args:
+            x: ``(batch, num_tokens, d_in)``, the layer's input.
+
+        Returns:
+            ``(batch, num_heads, num_tokens)``, negative.
+
+        Raises:
+            TypeError: ``x`` is not a floating-point tensor of the module's dtype.
+            ValueError: ``x`` is not ``(batch, num_tokens, d_in)`` or is empty.
+
+        Source: Yang et al. (2024), "Gated Delta Networks", section 3.4 (the
+        gate ``alpha_t = exp(g_t)``, parameterised as in Mamba2: Dao and Gu 2024,
+        "Transformers are SSMs"); as released in Qwen3-Next.
+        """
+        check_input(x, self.d_in, (3,), like=self.W_query.weight)
+        g = -self.A_log.exp() * F.softplus(self.W_alpha(x) + self.dt_bias)  # (b, n, h)
+        return g.transpose(1, 2)  # (b, h, n)
 
     @property
     def state_numbers(self) -> int:
@@ -514,8 +595,7 @@ class GatedDeltaNet(nn.Module):
         keys = F.normalize(keys.view(b, n, h, d), dim=-1).transpose(1, 2)  # (b, h, n, d)
         values = values.view(b, n, h, dv).transpose(1, 2)  # (b, h, n, dv)
         beta = torch.sigmoid(self.W_beta(x)).transpose(1, 2)  # (b, h, n)
-        g = -self.A_log.exp() * F.softplus(self.W_alpha(x) + self.dt_bias)  # (b, n, h)
-        g = g.transpose(1, 2)  # (b, h, n)
+        g = self.log_decay(x)  # (b, h, n)
         outputs, final_state = gated_delta_rule(
             queries, keys, values, beta, g,
             form="recurrent" if n == 1 else "chunked", chunk_size=self.chunk_size,

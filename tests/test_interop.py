@@ -4,12 +4,11 @@ MultiHeadAttention, and back; outputs and cached decoding in float32 and float64
 
 import pytest
 import torch
+import transformers  # a pinned test dependency: no importorskip
 from torch.testing import assert_close
 
-transformers = pytest.importorskip("transformers")
-
-from attnlib import GroupedQueryAttention, KVCache, MultiHeadAttention  # noqa: E402
-from attnlib.interop import (  # noqa: E402
+from attnlib import GroupedQueryAttention, KVCache, MultiHeadAttention
+from attnlib.interop import (
     gqa_from_gpt_oss_attention,
     gqa_from_llama_attention,
     gqa_to_gpt_oss_attention,

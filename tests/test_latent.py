@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers  # a pinned test dependency: no importorskip
 
 from attnlib.latent import LatentCache, MultiHeadLatentAttention
 
@@ -96,7 +97,6 @@ def test_bad_arguments():
 
 
 def _hf_mla(dtype: torch.dtype):
-    transformers = pytest.importorskip("transformers")
     from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
 
     config = transformers.DeepseekV3Config(

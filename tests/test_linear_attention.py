@@ -3,9 +3,12 @@ says, and Gated DeltaNet matches Hugging Face's Qwen3-Next layer."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers  # a pinned test dependency: no importorskip
 
 from attnlib.linear_attention import (
     GatedDeltaNet,
@@ -128,7 +131,6 @@ def test_gated_deltanet_state_is_constant_and_decoding_equals_full_forward():
 
 
 def _hf_layer(dtype):
-    transformers = pytest.importorskip("transformers")
     from transformers.models.qwen3_next import modeling_qwen3_next as qn
 
     config = transformers.Qwen3NextConfig(
@@ -190,3 +192,81 @@ def test_equals_transformers_qwen3_next(dtype):
             parts.append(layer(x[:, start:stop], state=state))
     torch.testing.assert_close(torch.cat(hf_parts, 1), expected, rtol=0, atol=2e-5)
     torch.testing.assert_close(torch.cat(parts, 1), expected, rtol=0, atol=2e-5)
+
+
+# ---------------------------------------------------------------------------
+# The decay: initialised as the authors train, and what it bounds
+# ---------------------------------------------------------------------------
+
+
+def test_reset_decay_draws_the_authors_ranges():
+    torch.manual_seed(0)
+    layer = GatedDeltaNet(8, 64, 4)
+    a = layer.A_log.detach().exp()
+    dt = F.softplus(layer.dt_bias.detach())
+    assert a.min() > 0 and a.max() <= 16
+    assert dt.min() >= 1e-3 * (1 - 1e-5) and dt.max() <= 0.1 * (1 + 1e-5)
+    # log-uniform: about half the heads below the geometric mean 0.01, spread over 2 decades
+    assert 16 <= int((dt < 0.01).sum()) <= 48
+    assert dt.max() / dt.min() > 20
+    # With x W_alpha = 0 the state keeps exp(-A dt) per token: most heads keep most of it,
+    # unlike the old dt_bias = 1 (softplus(1) = 1.31), which kept exp(-1.31 A).
+    with torch.no_grad():
+        layer.W_alpha.weight.zero_()
+    kept = layer.log_decay(torch.randn(1, 3, 8)).exp()  # (1, 64, 3)
+    torch.testing.assert_close(kept[0, :, 0], torch.exp(-a * dt), rtol=1e-5, atol=0)
+    assert kept.min() >= math.exp(-1.6) * (1 - 1e-5) and kept.max() < 1
+    assert kept[0, :, 0].median() > 0.8
+
+
+def test_reset_decay_takes_ranges_and_rejects_bad_ones():
+    torch.manual_seed(1)
+    layer = GatedDeltaNet(8, 4, 4)
+    layer.reset_decay(a_range=(2.0, 3.0), dt_range=(0.05, 0.05))
+    a = layer.A_log.detach().exp()
+    assert a.min() >= 2 and a.max() <= 3
+    torch.testing.assert_close(F.softplus(layer.dt_bias.detach()), torch.full((4,), 0.05),
+                               rtol=1e-5, atol=0)
+    with pytest.raises(ValueError, match="a_range"):
+        layer.reset_decay(a_range=(3.0, 2.0))
+    with pytest.raises(ValueError, match="dt_range"):
+        layer.reset_decay(dt_range=(0.0, 0.1))
+    with pytest.raises(TypeError, match="a_range"):
+        layer.reset_decay(a_range=(0.0, "16"))
+    with pytest.raises(TypeError, match="dt_range"):
+        layer.reset_decay(dt_range=0.1)
+
+
+def test_log_decay_is_the_gates_formula():
+    torch.manual_seed(2)
+    layer = GatedDeltaNet(8, 2, 4).double()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    g = layer.log_decay(x)
+    assert g.shape == (2, 2, 5) and bool((g < 0).all())
+    expected = -layer.A_log.exp() * F.softplus(layer.W_alpha(x) + layer.dt_bias)
+    torch.testing.assert_close(g, expected.transpose(1, 2), rtol=0, atol=1e-15)
+    with pytest.raises(ValueError):
+        layer.log_decay(torch.randn(2, 5, 7, dtype=torch.float64))
+
+
+def _orthogonal_writes(num_writes, keep, head_dim=6, head_dim_v=3):
+    """|S| after writes of unit values with unit keys orthogonal to S's columns."""
+    gen = torch.Generator().manual_seed(7)
+    state = torch.zeros(1, 1, head_dim, head_dim_v, dtype=torch.float64)
+    one = torch.ones(1, 1, dtype=torch.float64)
+    g = torch.full((1, 1), math.log(keep), dtype=torch.float64)
+    for _ in range(num_writes):
+        key = torch.randn(head_dim, generator=gen, dtype=torch.float64)
+        basis = torch.linalg.qr(state[0, 0]).Q
+        key = F.normalize(key - basis @ (basis.T @ key), dim=0)[None, None]
+        value = F.normalize(torch.randn(1, 1, head_dim_v, generator=gen,
+                                        dtype=torch.float64), dim=-1)
+        _, state = delta_rule_step(state, key, key, value, one, g)
+    return torch.linalg.matrix_norm(state[0, 0]).item()
+
+
+def test_without_decay_the_delta_rule_state_is_unbounded():
+    # Keys that avoid what the state holds overwrite nothing: |S|^2 grows by |v|^2 = 1.
+    assert _orthogonal_writes(400, 1.0) == pytest.approx(20.0, abs=1e-9)
+    # A decay keeping 0.9 per token holds |S|^2 at 1 / (1 - 0.81), below 2 / (1 - 0.9).
+    assert _orthogonal_writes(400, 0.9) == pytest.approx((1 / 0.19) ** 0.5, abs=1e-9)

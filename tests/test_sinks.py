@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
+import transformers  # a pinned test dependency: no importorskip
 
 from attnlib.positional import RotaryPositionalEmbedding
 from attnlib.sinks import AttentionSinks, QKNorm, sink_attention, softmax_with_sinks
@@ -153,7 +154,6 @@ def _compare(transformers, config, hf, rotary, ours, dtype, atol):
 # agrees to float32 rounding of the angles.
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.float64, 2e-6)])
 def test_sinks_equal_transformers_gpt_oss(dtype, atol):
-    transformers = pytest.importorskip("transformers")
     from transformers.models.gpt_oss import modeling_gpt_oss as go
 
     config = transformers.GptOssConfig(
@@ -172,7 +172,6 @@ def test_sinks_equal_transformers_gpt_oss(dtype, atol):
 # Qwen3's RMSNorm rounds to float32 even in float64: float32-level tolerance there.
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.float64, 2e-6)])
 def test_qk_norm_equals_transformers_qwen3(dtype, atol):
-    transformers = pytest.importorskip("transformers")
     from transformers.models.qwen3 import modeling_qwen3 as q3
 
     config = transformers.Qwen3Config(
