@@ -31,6 +31,7 @@ __all__ = [
     "require_tensor",
     "require_unchanged",
     "is_close",
+    "same_or_both_nonfinite",
     "name_wrong_answer",
     "judge",
     "passed",
@@ -276,6 +277,21 @@ def is_close(actual: torch.Tensor, expected: torch.Tensor, atol: float = ATOL,
         return False
     return bool(torch.allclose(actual.to(expected.dtype), expected, atol=atol, rtol=rtol,
                                equal_nan=True))
+
+
+def same_or_both_nonfinite(actual: torch.Tensor, wrong: torch.Tensor) -> bool:
+    """``actual`` reproduces ``wrong``, a typical mistake's result: the same shape, close
+    where ``wrong`` is finite, and nan or +-inf exactly where it is not.
+
+    Two ways of writing one mistake that overflows need not give the same kind of
+    non-finite number (``inf / inf`` is nan, ``log(inf)`` is inf), so any mix counts.
+    """
+    if actual.shape != wrong.shape:
+        return False
+    bad = ~torch.isfinite(wrong)
+    if not torch.equal(~torch.isfinite(actual), bad):
+        return False
+    return is_close(actual[~bad], wrong[~bad])
 
 
 def name_wrong_answer(

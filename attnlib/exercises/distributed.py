@@ -32,6 +32,7 @@ from ._common import (
     require_callable,
     require_tensor,
     require_unchanged,
+    same_or_both_nonfinite,
 )
 
 __all__ = ["check_lse_merge", "check_causal_ring_steps", "check_zigzag_shard"]
@@ -101,18 +102,6 @@ def _merge_wrong_answers(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.
         "asks for the larger of the two log-sum-exps of each row":
             _stabilised_merge(out_a, lse_a, out_b, lse_b, m.max()),
     }
-
-
-def _same_or_both_bad(actual: torch.Tensor, wrong: torch.Tensor) -> bool:
-    """``actual`` is close to ``wrong``, where both are finite, and non-finite (nan or
-    +-inf, in any mix) exactly where ``wrong`` is: two ways of writing a mistake that
-    overflows need not give the same kind of non-finite number."""
-    if actual.shape != wrong.shape:
-        return False
-    bad = ~torch.isfinite(wrong)
-    if not torch.equal(~torch.isfinite(actual), bad):
-        return False
-    return is_close(actual[~bad], wrong[~bad])
 
 
 def _or(tensor: torch.Tensor | None, default: torch.Tensor) -> torch.Tensor:
@@ -230,8 +219,8 @@ def check_lse_merge(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> boo
     first = wrong_at[0]
     variants = [_merge_wrong_answers(*args) for args, _ in probes]
     for message in variants[0]:
-        if all(_same_or_both_bad(out, variant[message][0])
-               and _same_or_both_bad(lse, _or(variant[message][1], right_lse))
+        if all(same_or_both_nonfinite(out, variant[message][0])
+               and same_or_both_nonfinite(lse, _or(variant[message][1], right_lse))
                for (out, lse), variant, (_, right_lse) in zip(results, variants, expected,
                                                               strict=True)):
             raise CheckFailed(f"{what} {message} (seen on {probes[first][1]}). {_SEE_MERGE}.")
