@@ -399,7 +399,8 @@ class GatedDeltaNet(nn.Module):
     .. code-block:: text
 
         q, k, v = SiLU(causal_conv(x W_query, x W_key, x W_value))   # short conv, per channel
-        q, k    = L2-normalise per head
+        q, k    = L2-normalise per head; each key head serves
+                  num_heads // num_key_heads value heads
         beta    = sigmoid(x W_beta)                                  # writing strength
         g       = -exp(A_log) * softplus(x W_alpha + dt_bias)        # log decay, < 0
         o       = gated_delta_rule(q, k, v, beta, g)                 # per head
@@ -407,8 +408,12 @@ class GatedDeltaNet(nn.Module):
 
     Args:
         d_in: size of the residual stream (input and output).
-        num_heads: heads (key and value heads alike).
+        num_heads: value heads: each has its own state, ``beta`` and decay.
         head_dim: size of a query/key head.
+        num_key_heads: keyword-only; query/key heads, a divisor of
+            ``num_heads``: key head ``j`` serves value heads ``j * r`` to
+            ``j * r + r - 1``, ``r = num_heads // num_key_heads`` (Qwen3-Next:
+            16 key heads, 32 value heads). Default ``num_heads``.
         head_dim_v: keyword-only; size of a value head. Default ``head_dim``.
         conv_size: keyword-only; kernel size of the short causal convolution.
             Default 4.
@@ -416,10 +421,10 @@ class GatedDeltaNet(nn.Module):
         eps: keyword-only; epsilon of the output RMSNorm. Default 1e-6.
 
     Attributes:
-        W_query, W_key: ``nn.Linear(d_in, num_heads * head_dim, bias=False)``.
+        W_query, W_key: ``nn.Linear(d_in, num_key_heads * head_dim, bias=False)``.
         W_value, W_gate: ``nn.Linear(d_in, num_heads * head_dim_v, bias=False)``.
         W_beta, W_alpha: ``nn.Linear(d_in, num_heads, bias=False)``.
-        conv: depthwise ``nn.Conv1d`` over the ``2 * num_heads * head_dim +
+        conv: depthwise ``nn.Conv1d`` over the ``2 * num_key_heads * head_dim +
             num_heads * head_dim_v`` channels ``[q, k, v]``, no bias.
         A_log, dt_bias: ``(num_heads,)`` parameters of the decay, drawn as the
             authors train by :meth:`reset_decay`.
@@ -431,7 +436,8 @@ class GatedDeltaNet(nn.Module):
 
     Raises:
         TypeError: a size is not an int.
-        ValueError: a size is not positive.
+        ValueError: a size is not positive, or ``num_key_heads`` does not
+            divide ``num_heads``.
 
     Source: Yang et al. (2024), "Gated Delta Networks: Improving Mamba2 with
     Delta Rule", section 3.4 (the block: short convolution, L2-normalised
@@ -445,6 +451,7 @@ class GatedDeltaNet(nn.Module):
         num_heads: int,
         head_dim: int,
         *,
+        num_key_heads: int | None = None,
         head_dim_v: int | None = None,
         conv_size: int = 4,
         chunk_size: int = 64,
@@ -453,15 +460,23 @@ class GatedDeltaNet(nn.Module):
         check_positive_int("d_in", d_in)
         check_positive_int("num_heads", num_heads)
         check_positive_int("head_dim", head_dim)
+        if num_key_heads is not None:
+            check_positive_int("num_key_heads", num_key_heads)
+            if num_heads % num_key_heads != 0:
+                raise ValueError(
+                    f"num_key_heads={num_key_heads} must divide num_heads={num_heads} (each "
+                    "key head serves the same number of value heads)"
+                )
         if head_dim_v is not None:
             check_positive_int("head_dim_v", head_dim_v)
         check_positive_int("conv_size", conv_size)
         check_positive_int("chunk_size", chunk_size)
         super().__init__()
         self.d_in, self.num_heads, self.head_dim = int(d_in), int(num_heads), int(head_dim)
+        self.num_key_heads = self.num_heads if num_key_heads is None else int(num_key_heads)
         self.head_dim_v = self.head_dim if head_dim_v is None else int(head_dim_v)
         self.conv_size, self.chunk_size = int(conv_size), int(chunk_size)
-        key_dim = self.num_heads * self.head_dim
+        key_dim = self.num_key_heads * self.head_dim
         value_dim = self.num_heads * self.head_dim_v
         self.W_query = nn.Linear(d_in, key_dim, bias=False)
         self.W_key = nn.Linear(d_in, key_dim, bias=False)
@@ -580,7 +595,7 @@ class GatedDeltaNet(nn.Module):
                 f"state must be an attnlib.RecurrentState or None, got {type_name(state)}"
             )
         b, n, _ = x.shape
-        h, d, dv = self.num_heads, self.head_dim, self.head_dim_v
+        h, hk, d, dv = self.num_heads, self.num_key_heads, self.head_dim, self.head_dim_v
         mixed = torch.cat([self.W_query(x), self.W_key(x), self.W_value(x)], dim=-1)
         mixed = mixed.transpose(1, 2)  # (b, channels, n)
         if state is not None and state.conv_state is not None:
@@ -589,10 +604,13 @@ class GatedDeltaNet(nn.Module):
             history = mixed.new_zeros(b, mixed.shape[1], self.conv_size - 1)
         padded = torch.cat([history, mixed], dim=-1)  # (b, channels, conv_size - 1 + n)
         mixed = F.silu(self.conv(padded)).transpose(1, 2)  # (b, n, channels), causal
-        queries, keys, values = mixed.split([h * d, h * d, h * dv], dim=-1)
-        queries = F.normalize(queries.view(b, n, h, d), dim=-1).transpose(1, 2)
-        # queries: (b, h, n, d), unit norm
-        keys = F.normalize(keys.view(b, n, h, d), dim=-1).transpose(1, 2)  # (b, h, n, d)
+        queries, keys, values = mixed.split([hk * d, hk * d, h * dv], dim=-1)
+        queries = F.normalize(queries.view(b, n, hk, d), dim=-1).transpose(1, 2)
+        # queries: (b, hk, n, d), unit norm
+        keys = F.normalize(keys.view(b, n, hk, d), dim=-1).transpose(1, 2)  # (b, hk, n, d)
+        if hk != h:  # key head j serves value heads j * r .. j * r + r - 1
+            queries = queries.repeat_interleave(h // hk, dim=1)  # (b, h, n, d)
+            keys = keys.repeat_interleave(h // hk, dim=1)  # (b, h, n, d)
         values = values.view(b, n, h, dv).transpose(1, 2)  # (b, h, n, dv)
         beta = torch.sigmoid(self.W_beta(x)).transpose(1, 2)  # (b, h, n)
         g = self.log_decay(x)  # (b, h, n)
@@ -613,5 +631,6 @@ class GatedDeltaNet(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"d_in={self.d_in}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
-            f"head_dim_v={self.head_dim_v}, conv_size={self.conv_size}"
+            f"num_key_heads={self.num_key_heads}, head_dim_v={self.head_dim_v}, "
+            f"conv_size={self.conv_size}"
         )

@@ -130,37 +130,41 @@ def test_gated_deltanet_state_is_constant_and_decoding_equals_full_forward():
 # ---------------------------------------------------------------------------
 
 
-def _hf_layer(dtype):
+def _hf_layer(dtype, num_key_heads=2, num_value_heads=2):
     from transformers.models.qwen3_next import modeling_qwen3_next as qn
 
     config = transformers.Qwen3NextConfig(
         hidden_size=16, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
-        linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=4,
-        linear_value_head_dim=6, linear_conv_kernel_dim=4, num_hidden_layers=1,
-        layer_types=["linear_attention"], vocab_size=50, intermediate_size=16,
-        moe_intermediate_size=8, num_experts=2, num_experts_per_tok=1,
+        linear_num_key_heads=num_key_heads, linear_num_value_heads=num_value_heads,
+        linear_key_head_dim=4, linear_value_head_dim=6, linear_conv_kernel_dim=4,
+        num_hidden_layers=1, layer_types=["linear_attention"], vocab_size=50,
+        intermediate_size=16, moe_intermediate_size=8, num_experts=2, num_experts_per_tok=1,
     )
     torch.manual_seed(5)
     hf = qn.Qwen3NextGatedDeltaNet(config, layer_idx=0)
     with torch.no_grad():
         for p in hf.parameters():
             p.normal_(0.0, 0.4)
-    return transformers, qn, config, hf.to(dtype).eval()
+    return config, hf.to(dtype).eval()
 
 
 def _copy_from_hf(hf) -> GatedDeltaNet:
-    layer = GatedDeltaNet(16, 2, 4, head_dim_v=6, chunk_size=4).to(hf.out_proj.weight.dtype)
-    h, d, dv = 2, 4, 6
-    qkvz = hf.in_proj_qkvz.weight.view(h, 2 * d + 2 * dv, 16)  # per head: q, k, v, z
-    q, k, v, z = qkvz.split([d, d, dv, dv], dim=1)
-    ba = hf.in_proj_ba.weight.view(h, 2, 16)  # per head: b, a
+    """Hugging Face's fused projections, grouped per key head, split into ours."""
+    hk, h, d, dv = hf.num_k_heads, hf.num_v_heads, hf.head_k_dim, hf.head_v_dim
+    r = h // hk  # value heads per key head
+    layer = GatedDeltaNet(16, h, d, num_key_heads=hk, head_dim_v=dv, chunk_size=4)
+    layer = layer.to(hf.out_proj.weight.dtype)
+    qkvz = hf.in_proj_qkvz.weight.view(hk, 2 * d + 2 * r * dv, 16)  # per key head: q k v z
+    q, k, v, z = qkvz.split([d, d, r * dv, r * dv], dim=1)
+    ba = hf.in_proj_ba.weight.view(hk, 2 * r, 16)  # per key head: its value heads' b, a
+    b, a = ba.split([r, r], dim=1)
     with torch.no_grad():
-        layer.W_query.weight.copy_(q.reshape(h * d, 16))
-        layer.W_key.weight.copy_(k.reshape(h * d, 16))
+        layer.W_query.weight.copy_(q.reshape(hk * d, 16))
+        layer.W_key.weight.copy_(k.reshape(hk * d, 16))
         layer.W_value.weight.copy_(v.reshape(h * dv, 16))
         layer.W_gate.weight.copy_(z.reshape(h * dv, 16))
-        layer.W_beta.weight.copy_(ba[:, 0])
-        layer.W_alpha.weight.copy_(ba[:, 1])
+        layer.W_beta.weight.copy_(b.reshape(h, 16))
+        layer.W_alpha.weight.copy_(a.reshape(h, 16))
         layer.conv.weight.copy_(hf.conv1d.weight)
         layer.A_log.copy_(hf.A_log)
         layer.dt_bias.copy_(hf.dt_bias)
@@ -170,17 +174,22 @@ def _copy_from_hf(hf) -> GatedDeltaNet:
 
 
 # Qwen3-Next's torch path computes the delta rule in float32 whatever the input
-# dtype, so both comparisons are held to float32 rounding.
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_equals_transformers_qwen3_next(dtype):
-    transformers, qn, config, hf = _hf_layer(dtype)
+# dtype, so both comparisons are held to float32 rounding. (2, 4): 2 key heads, each
+# serving 2 of 4 value heads, as Qwen3-Next's 16 serve 32.
+@pytest.mark.parametrize("dtype,heads,atol", [
+    (torch.float32, (2, 2), 2e-5), (torch.float64, (2, 2), 2e-5),
+    (torch.float32, (2, 4), 1e-5), (torch.float32, (1, 4), 1e-5),
+])
+def test_equals_transformers_qwen3_next(dtype, heads, atol):
+    config, hf = _hf_layer(dtype, *heads)
     layer = _copy_from_hf(hf)
+    assert (layer.num_key_heads, layer.num_heads) == heads
     torch.manual_seed(6)
     x = torch.randn(2, 10, 16, dtype=dtype)
     with torch.no_grad():
         expected = hf(x)
         got = layer(x)
-    torch.testing.assert_close(got, expected, rtol=0, atol=2e-5)
+    torch.testing.assert_close(got, expected, rtol=0, atol=atol)
 
     # Cached decoding on both sides: a prompt of 6 tokens, then one at a time.
     model_cache = transformers.DynamicCache(config=config)
@@ -190,8 +199,31 @@ def test_equals_transformers_qwen3_next(dtype):
         for start, stop in [(0, 6), (6, 7), (7, 8), (8, 9), (9, 10)]:
             hf_parts.append(hf(x[:, start:stop], cache=model_cache))
             parts.append(layer(x[:, start:stop], state=state))
-    torch.testing.assert_close(torch.cat(hf_parts, 1), expected, rtol=0, atol=2e-5)
-    torch.testing.assert_close(torch.cat(parts, 1), expected, rtol=0, atol=2e-5)
+    torch.testing.assert_close(torch.cat(hf_parts, 1), expected, rtol=0, atol=atol)
+    torch.testing.assert_close(torch.cat(parts, 1), expected, rtol=0, atol=atol)
+    assert state.state.shape == (2, heads[1], 4, 6)  # one state per value head
+
+
+def test_key_heads_are_shared_by_consecutive_value_heads():
+    # With 1 key head serving 3 value heads, the layer equals one with 3 key heads whose
+    # query and key projections are three copies of the one.
+    torch.manual_seed(8)
+    shared = GatedDeltaNet(8, 3, 4, num_key_heads=1, head_dim_v=2).double()
+    copies = GatedDeltaNet(8, 3, 4, head_dim_v=2).double()
+    with torch.no_grad():
+        for name, param in copies.named_parameters():
+            if name in ("W_query.weight", "W_key.weight"):
+                param.copy_(getattr(shared, name.split(".")[0]).weight.repeat(3, 1))
+            elif name == "conv.weight":
+                q, k, v = shared.conv.weight.split([4, 4, 6])
+                param.copy_(torch.cat([q.repeat(3, 1, 1), k.repeat(3, 1, 1), v]))
+            else:
+                param.copy_(dict(shared.named_parameters())[name])
+    x = torch.randn(2, 7, 8, dtype=torch.float64)
+    torch.testing.assert_close(shared(x), copies(x), rtol=0, atol=1e-12)
+    assert shared.state_numbers == 3 * 4 * 2 + (2 * 4 + 3 * 2) * 3
+    with pytest.raises(ValueError, match="num_key_heads=2 must divide num_heads=3"):
+        GatedDeltaNet(8, 3, 4, num_key_heads=2)
 
 
 # ---------------------------------------------------------------------------
