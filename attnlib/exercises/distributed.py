@@ -424,10 +424,10 @@ def _zigzag_wrong_answers(x: torch.Tensor, rank: int, world_size: int
 
 def _zigzag_probes() -> list[tuple[torch.Tensor, int, int]]:
     """(x, rank, world_size) for every probe: x (2, 3, num_tokens, 4) whose row t holds
-    t, t + 1/6, t + 1/3, t + 1/2; the largest world_size first, where mistakes differ."""
+    t, t + 1/6, t + 1/3, t + 1/2; world_size 1 to 4, chunks of 1 and 3 tokens."""
     probes = []
-    for world_size in range(4, 0, -1):
-        for chunk in (3, 1):
+    for world_size in range(1, 5):
+        for chunk in (1, 3):
             num_tokens = 2 * world_size * chunk
             x = torch.arange(num_tokens, dtype=_DTYPE).view(1, 1, -1, 1).expand(2, 3, -1, 4)
             x = x + torch.linspace(0, 0.5, 4, dtype=_DTYPE)
@@ -457,7 +457,7 @@ def check_zigzag_shard(fn: Callable[..., torch.Tensor]) -> bool:
     ``fn`` must cut the tokens into ``2 * world_size`` equal chunks and return chunks
     ``rank`` and ``2 * world_size - 1 - rank``, in that order, along dimension ``-2``.
     The probes are float64 ``(2, 3, num_tokens, 4)`` tensors whose entries encode each
-    token's position, for ``world_size`` 4 down to 1, chunks of 3 and 1 tokens, every
+    token's position, for ``world_size`` 1 to 4, chunks of 1 and 3 tokens, every
     rank. A mistake is named only when it gives the learner's shard on every probe.
 
     Recognised mistakes: the contiguous shard; the late chunk first; striped attention's
