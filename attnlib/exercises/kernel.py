@@ -14,10 +14,17 @@ The two kernel checkers launch the learner's ``@triton.jit`` function themselves
 on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``, set before
 Triton's first import), or compiled on CUDA tensors. Each tensor lies inside a
 larger buffer whose extra entries hold known guard values, so a load without its
-edge mask reads numbers the checker can name, and a store without it changes
-entries the checker watches, instead of touching memory outside the tensors.
-Triton is imported only when a kernel checker runs: ``import attnlib`` does not
-need it.
+edge mask reads numbers the checker can name (or, for the delta kernel, nan, and
+under the interpreter the checker records the addresses every ``tl.load`` reads),
+and a store without it changes entries the checker watches, instead of touching
+memory outside the tensors. Output entries start with a finite fill value, so an
+unwritten entry is told from a nan the kernel computed. Before any launch the
+kernel's code is read for Python globals and plain functions, which the
+interpreter runs but Triton's compiler refuses. Triton is imported only when a
+kernel checker runs: ``import attnlib`` does not need it.
+
+No message states the answer: each names what the kernel did and the section of
+chapter 11 (or chapter 8's online softmax) that shows the step.
 """
 
 from __future__ import annotations
