@@ -378,3 +378,32 @@ def test_probes_unit_keys_and_decay_in_range():
         torch.testing.assert_close(key.norm(dim=-1), torch.ones_like(beta))
         assert bool((g < 0).all() and (beta > 0).all() and (beta < 1).all())
         assert torch.allclose(F.normalize(key, dim=-1), key)
+
+
+@pytest.mark.parametrize(("module", "notebook", "sections"), [
+    ("kernel", "11_writing_the_kernel", [
+        "Triton's model: programs and blocks", "The forward kernel", "Masks at the edges",
+        "Where the data is", "The backward pass, derived", "Block sizes, warps and stages"]),
+    ("distributed", "12_attention_across_devices", [
+        "The merge is the online softmax", "The ring, step by step",
+        "The causal imbalance, before and after zigzag"]),
+    ("beyond", "13_beyond_full_attention", [
+        "Multi-head latent attention", "Linear attention and Gated DeltaNet",
+        "Attention sinks and QK-norm"]),
+])
+def test_every_section_a_message_points_to_is_in_the_chapter(module, notebook, sections):
+    # The hints of chapters 11-13's checkers name sections of their chapter ("See 'The
+    # forward kernel'"): a renamed heading would send the learner to a section that is
+    # not there. (Reading kernel.py's source does not import Triton.)
+    import importlib
+    import json
+    import pathlib
+
+    chapter = pathlib.Path(__file__).parent.parent / "chapters" / f"{notebook}.ipynb"
+    text = " ".join("".join(cell["source"]) for cell in json.loads(chapter.read_text())["cells"]
+                    if cell["cell_type"] == "markdown")
+    source = pathlib.Path(importlib.import_module(f"attnlib.exercises.{module}").__file__
+                          ).read_text()
+    for section in sections:
+        assert f"'{section}'" in source, section  # a hint names it
+        assert section in text, section  # and the chapter has it

@@ -513,6 +513,8 @@ def check_logsumexp_kernel(kernel: Any, *, device: torch.device | str | None = N
 _DELTA_GUARD = math.nan
 
 _SEE_EDGE_MASKS = "See 'Masks at the edges' in 'The forward kernel'"
+_SEE_LAYOUT = "See 'Where the data is' in 'The forward kernel'"
+_SEE_BACKWARD = "See 'The backward pass, derived'"
 
 
 def _delta_probes(device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor, int, int,
@@ -562,14 +564,14 @@ def _delta_wrong_answers(o: torch.Tensor, do: torch.Tensor, num_rows: int, block
                       "dO * O over its HEAD_DIM entries", column_sums))
     return wrong + [
         ("sums dO alone: D_i needs the product of dO with the output O (the forward's "
-         "output, out_ptr). See 'The backward pass, derived'", do[:num_rows].sum(-1)),
+         f"output, out_ptr). {_SEE_BACKWARD}", do[:num_rows].sum(-1)),
         ("sums O alone: D_i needs the product of O with the upstream gradient dO "
-         "(grad_out_ptr). See 'The backward pass, derived'", o[:num_rows].sum(-1)),
+         f"(grad_out_ptr). {_SEE_BACKWARD}", o[:num_rows].sum(-1)),
         ("steps from row to row by 1 instead of HEAD_DIM: in a contiguous (num_rows, "
-         "HEAD_DIM) tensor consecutive rows lie HEAD_DIM entries apart. See 'Where the "
-         "data is' in 'The forward kernel'", (flat_o[index] * flat_do[index]).sum(-1)),
-        ("sums the squares of dO: D_i multiplies row i of dO with row i of O. See 'The "
-         "backward pass, derived'", (do[:num_rows] ** 2).sum(-1)),
+         f"HEAD_DIM) tensor consecutive rows lie HEAD_DIM entries apart. {_SEE_LAYOUT}",
+         (flat_o[index] * flat_do[index]).sum(-1)),
+        ("sums the squares of dO: D_i multiplies row i of dO with row i of O. "
+         f"{_SEE_BACKWARD}", (do[:num_rows] ** 2).sum(-1)),
     ]
 
 
@@ -727,6 +729,7 @@ def check_delta_kernel(kernel: Any, *, device: torch.device | str | None = None)
 
 
 _BLOCKS = (16, 32, 64, 128, 256)
+_BLOCKS_SECTION = "'Block sizes, warps and stages'"
 
 
 def _largest_block(head_dim: int, element_size: int, num_stages: int,
@@ -773,7 +776,7 @@ _BLOCK_PROBES = (
 
 def _block_wrong_answers() -> list[tuple[str, list[int | None]]]:
     """(message, the answers of that mistake on every probe)."""
-    see = "See the count in 'Block sizes, warps and stages'"
+    see = f"See the count in {_BLOCKS_SECTION}"
     variants: list[tuple[str, dict[str, Any]]] = [
         ("counts one K tile and one V tile, whatever num_stages is: each stage in flight "
          f"has buffers of its own. {see}", {"stages": False}),
@@ -862,8 +865,8 @@ def check_block_size(fn: Callable[[int, int, int, int], int | None]) -> bool:
     raise CheckFailed(
         f"{name}(head_dim={head_dim}, element_size={element_size}, num_stages={num_stages}, "
         f"shared_memory_bytes={limit}) returned {got!r}, {verdict}; the answers match none "
-        "of the typical mistakes this check knows. Count the bytes of the tiles as 'Block "
-        "sizes, warps and stages' does, for each block, and print them beside "
+        "of the typical mistakes this check knows. Count the bytes of the tiles as "
+        f"{_BLOCKS_SECTION} does, for each block, and print them beside "
         "shared_memory_bytes.")
 
 
