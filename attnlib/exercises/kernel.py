@@ -878,7 +878,7 @@ def _block_answer(out: object, what: str) -> int | None:
         return int(out)
     if out is None:
         return None
-    if not isinstance(out, (bool, torch.Tensor)) and type(out).__name__ != "bool_":
+    if not isinstance(out, torch.Tensor) and type(out).__name__ not in ("bool", "bool_"):
         try:
             return operator.index(out)  # type: ignore[arg-type]
         except TypeError:
