@@ -6,7 +6,8 @@ those modules imports another for a helper:
 
 * :func:`_register_causal_mask`: the bool ``mask`` buffer and its loading rule;
 * :func:`_pack_qkv` and :func:`_fused_qkv_projection`: the query, key and value
-  projections as ONE matrix product (the fast path);
+  projections as ONE matrix product (the fast path), with the ATen operators
+  of a layer whose three weights are one tensor (:class:`_ReadStacked`);
 * :func:`_num_cached`: how many tokens a KV cache holds, checked before any
   computation;
 * :func:`_sdpa_shared_kv`: torch's fused attention with fewer key/value heads
@@ -20,10 +21,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ._validation import check_positive_int, type_name
 from .functional import causal_mask
@@ -212,8 +215,14 @@ def _pack_qkv(W_query: nn.Linear, W_key: nn.Linear, W_value: nn.Linear) -> None:
     with ``torch.cat`` (two runs each), against the benchmark's target of
     1.03. Decoding one token at a time with a KV cache (chapter 9) is where
     the copy would hurt most.
+
+    The stacked tensors themselves are remembered (in ``_STACKED``, keyed
+    weakly by ``W_query.weight``), so that the fast path passes them to
+    :func:`torch.nn.functional.linear` as they are, without a single view
+    operator per call: see :func:`_stacked_parameters`.
     """
     layers = (W_query, W_key, W_value)
+    stacked: dict[str, torch.Tensor] = {}
     for name in ("weight", "bias"):
         params = [getattr(layer, name) for layer in layers]
         if any(p is None for p in params):
@@ -224,6 +233,91 @@ def _pack_qkv(W_query: nn.Linear, W_key: nn.Linear, W_value: nn.Linear) -> None:
         for p in params:
             p.data = packed[start : start + p.shape[0]]  # same Parameter, new storage
             start += p.shape[0]
+        stacked[name] = packed
+    _STACKED[W_query.weight] = (stacked["weight"], stacked.get("bias"))
+
+
+#: ``W_query.weight`` -> the ``(weight, bias)`` that :func:`_pack_qkv` stacked
+#: (``bias`` None without biases). Weak keys: an entry goes with its module;
+#: the stacked tensors are the parameters' own storage, so they cost no memory.
+_STACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def _lies_in(stacked: torch.Tensor, params: Sequence[torch.Tensor]) -> bool:
+    """Whether ``params`` are, in order, the contiguous row blocks of ``stacked``'s memory."""
+    ptr, itemsize, trailing = stacked.data_ptr(), stacked.element_size(), stacked.shape[1:]
+    for p in params:
+        if (
+            p.data_ptr() != ptr
+            or p.dtype != stacked.dtype
+            or p.shape[1:] != trailing
+            or not p.is_contiguous()
+        ):
+            return False
+        ptr += p.numel() * itemsize
+    return ptr == stacked.data_ptr() + stacked.numel() * itemsize
+
+
+def _stacked_parameters(
+    weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor] | None
+) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """The ``(weight, bias)`` that :func:`_pack_qkv` stacked from these parameters, if still theirs.
+
+    None when the parameters were not packed together (cross-attention's
+    ``W_key`` and ``W_value``, layers of another module) or when one no
+    longer lies in the stacked storage (``p.data = ...``,
+    ``load_state_dict(assign=True)``); such a stale entry is dropped, so that
+    it does not keep the old storage alive. The check reads data pointers,
+    dtypes and shapes only: no tensor operation.
+    """
+    entry = _STACKED.get(weights[0])
+    if entry is None:
+        return None
+    weight, bias = entry
+    if (
+        weights[0].device == weight.device
+        and _lies_in(weight, weights)
+        and (bias is None) == (biases is None)
+        and (biases is None or (bias is not None and _lies_in(bias, biases)))
+    ):
+        return weight, bias
+    del _STACKED[weights[0]]
+    return None
+
+
+class _ReadStacked(torch.autograd.Function):
+    """The stacked weight and bias, read in place, as a function of the separate parameters.
+
+    ``_ReadStacked.apply(weight, bias, *params)``: ``weight`` ``(d_q + 2 *
+    d_kv, d_in)`` and ``bias`` ``(d_q + 2 * d_kv,)`` (or None) are
+    :func:`_pack_qkv`'s stacked tensors, ``params`` the layers' weights, then
+    their biases, which lie in them. The forward returns the stacked tensors
+    as they are; the backward hands each parameter its rows of the gradient,
+    as ``torch.cat``'s backward would. ``torch.cat`` itself would copy
+    ``(d_q + 2 * d_kv) * (d_in + 1)`` numbers on every call, with two more
+    kernels than a layer whose three weights are one tensor (the benchmark's
+    bare kernels). A parameter changed in place between the forward and the
+    backward makes the backward fail, as it does for :class:`torch.nn.Linear`.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, weight: torch.Tensor, bias: torch.Tensor | None, *params: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        num_layers = len(params) if bias is None else len(params) // 2
+        ctx.rows = [p.shape[0] for p in params[:num_layers]]
+        ctx.save_for_backward(*params)  # for autograd's check of in-place changes
+        return weight, bias  # returned inputs become views: nothing is copied
+
+    @staticmethod
+    def backward(
+        ctx: Any, grad_weight: torch.Tensor, grad_bias: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, ...]:
+        ctx.saved_tensors  # noqa: B018 (raises if a parameter was changed in place)
+        grads = list(grad_weight.split(ctx.rows, dim=0))  # each layer's rows: views
+        if grad_bias is not None:
+            grads += grad_bias.split(ctx.rows, dim=0)
+        return (None, None, *grads)
 
 
 def _stacked_view(params: Sequence[torch.Tensor]) -> torch.Tensor | None:
@@ -260,13 +354,16 @@ def _fused_qkv_projection(
     The three weights are stacked into one ``(d_q + 2 * d_kv, d_in)`` matrix
     (and the biases into one vector) and applied with a single
     :func:`torch.nn.functional.linear`: one large GEMM instead of three
-    smaller ones. When gradients are needed the stacking is ``torch.cat``,
-    which is differentiable, so each of ``W_query``, ``W_key`` and ``W_value``
-    receives its own gradient. Without gradients (``torch.no_grad``,
-    inference mode, frozen weights) the stack is read in place from the
-    storage that :func:`_pack_qkv` gave the three parameters, with no copy
-    (its docstring has the numbers); either way the current values of the
-    parameters are used.
+    smaller ones. The stack is read in place from the storage that
+    :func:`_pack_qkv` gave the three parameters, with no copy (its docstring
+    has the numbers): without gradients (``torch.no_grad``, inference mode,
+    frozen weights) as it is, with gradients through :class:`_ReadStacked`,
+    so that each of ``W_query``, ``W_key`` and ``W_value`` receives its own
+    gradient. The operators are then those of a layer whose three weights are
+    one tensor (the benchmark's bare kernels), forward and backward. Where
+    the parameters no longer lie side by side (one was given new storage),
+    ``torch.cat`` stacks them on each call. Either way the current values of
+    the parameters are used.
 
     Returns:
         ``(queries, keys, values)``: ``(..., num_tokens, d_q)``,
@@ -283,23 +380,41 @@ def _fused_qkv_projection(
 def _stacked_projection(
     x: torch.Tensor, layers: tuple[nn.Linear, ...]
 ) -> tuple[torch.Tensor, ...]:
-    """``tuple(layer(x) for layer in layers)`` from one GEMM (see :func:`_fused_qkv_projection`)."""
-    needs_grad = torch.is_grad_enabled() and any(
-        p.requires_grad for layer in layers for p in layer.parameters()
-    )
+    """``tuple(layer(x) for layer in layers)`` from one GEMM (see :func:`_fused_qkv_projection`).
+
+    While the parameters lie in the tensors :func:`_pack_qkv` stacked (the
+    usual case), the ATen operators are those of ONE ``nn.Linear`` with
+    ``sum(out_features)`` outputs followed by a ``split``, forward and
+    backward: without gradients the stacked tensors go to ``F.linear`` as
+    they are, with gradients through :class:`_ReadStacked`, whose backward
+    only slices the gradient. Otherwise the weights are stacked on each call:
+    as a view (:func:`_stacked_view`) without gradients where they lie side
+    by side, else by ``torch.cat``, which autograd differentiates.
+    """
     weights: list[torch.Tensor] = [layer.weight for layer in layers]
-    weight = None if needs_grad else _stacked_view(weights)
-    if weight is None:
-        weight = torch.cat(weights, dim=0)
-    # weight: (sum of out_features, d_in), e.g. (d_q + 2 * d_kv, d_in)
-    bias = None
+    biases: list[torch.Tensor] | None = None
     if layers[0].bias is not None:
-        biases: list[torch.Tensor] = [layer.bias for layer in layers]
-        bias = None if needs_grad else _stacked_view(biases)
-        if bias is None:
-            bias = torch.cat(biases, dim=0)  # (sum of out_features,)
+        biases = [layer.bias for layer in layers]
+    params = weights if biases is None else weights + biases
+    needs_grad = torch.is_grad_enabled() and any(p.requires_grad for p in params)
+    stacked = _stacked_parameters(weights, biases)
+    if stacked is not None:
+        weight, bias = _ReadStacked.apply(*stacked, *params) if needs_grad else stacked
+    else:
+        weight = None if needs_grad else _stacked_view(weights)
+        if weight is None:
+            weight = torch.cat(weights, dim=0)
+        bias = None
+        if biases is not None:
+            bias = None if needs_grad else _stacked_view(biases)
+            if bias is None:
+                bias = torch.cat(biases, dim=0)  # (sum of out_features,)
+    # weight: (sum of out_features, d_in), e.g. (d_q + 2 * d_kv, d_in)
     projected = F.linear(x, weight, bias)  # (..., num_tokens, sum of out_features)
-    return projected.split([layer.out_features for layer in layers], dim=-1)
+    sizes = [layer.out_features for layer in layers]
+    if sizes.count(sizes[0]) == len(sizes):  # q, k and v alike (multi-head attention)
+        return projected.split(sizes[0], dim=-1)  # the bare kernels' split
+    return projected.split(sizes, dim=-1)
 
 
 def _num_cached(kv_cache: object, num_tokens: int, context_length: int) -> int:

@@ -420,8 +420,8 @@ class MultiHeadAttention(GroupedQueryAttention):
         # values: (b, num_heads, num_tokens, head_dim)
 
         dropout_p = self.dropout_p if self.training else 0.0
-        allowed = self.mask[:num_tokens, :num_tokens]  # True = may attend
         if return_weights:
+            allowed = self.mask[:num_tokens, :num_tokens]  # True = may attend
             context_vec, attn_weights = attn_functional.scaled_dot_product_attention(
                 queries, keys, values, attn_mask=allowed, dropout_p=dropout_p, return_weights=True
             )  # (b, num_heads, num_tokens, head_dim), (b, num_heads, num_tokens, num_tokens)

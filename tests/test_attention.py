@@ -324,8 +324,64 @@ def test_mha_fast_path_without_gradients_reads_the_weights_without_copying():
     assert_close(out, expected, atol=1e-6, rtol=1e-5)
     assert_close(out_edited, mha(x, return_weights=True)[0], atol=1e-6, rtol=1e-5)
     assert not torch.allclose(out, out_edited)
-    # With gradients the weights are stacked by torch.cat, which autograd differentiates.
-    assert "aten::cat" in {name for name, _ in _aten_calls(lambda: mha(x))}
+    # With gradients too: the stacked weight is read in place (_ReadStacked), no torch.cat.
+    assert "aten::cat" not in {name for name, _ in _aten_calls(lambda: mha(x))}
+
+
+def test_mha_fast_path_with_gradients_copies_no_weight_and_gives_each_its_gradient():
+    torch.manual_seed(17)
+    mha = MultiHeadAttention(6, 8, 5, 0.0, num_heads=2, qkv_bias=True).double().eval()
+    x = torch.randn(2, 5, 6, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(2, 5, 8, dtype=torch.float64)
+    assert "aten::cat" not in {name for name, _ in _aten_calls(lambda: mha(x))}
+    calls = _aten_calls(lambda: mha(x).backward(g))
+    # One cat in the backward: split's, joining the q, k, v gradients (b, N, 3 * d_out).
+    assert [name for name, _ in calls].count("aten::cat") == 1
+    x.grad = None
+    for p in mha.parameters():
+        p.grad = None
+    mha(x).backward(g)
+    grads = {name: p.grad.clone() for name, p in mha.named_parameters()}
+    grad_x = x.grad.clone()
+    reference = copy.deepcopy(mha)  # its own, unpacked parameters
+    x2 = x.detach().clone().requires_grad_(True)
+    reference(x2, return_weights=True)[0].backward(g)
+    for name, p in reference.named_parameters():
+        assert_close(grads[name], p.grad, atol=1e-12, rtol=1e-10, msg=name)
+    assert_close(grad_x, x2.grad, atol=1e-12, rtol=1e-10)
+
+
+def test_mha_fast_path_refuses_a_backward_after_a_weight_changed_in_place():
+    # The stacked weight the forward read is the parameters' storage: an in-place
+    # change before the backward would give wrong gradients, so autograd refuses,
+    # as it does for nn.Linear.
+    torch.manual_seed(18)
+    mha = MultiHeadAttention(6, 8, 5, 0.0, num_heads=2).eval()
+    out = mha(torch.randn(2, 5, 6, requires_grad=True))
+    with torch.no_grad():
+        mha.W_key.weight.mul_(2.0)
+    with pytest.raises(RuntimeError):
+        out.sum().backward()
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_mha_fast_path_follows_a_parameter_given_new_storage(grad):
+    torch.manual_seed(19)
+    mha = MultiHeadAttention(6, 8, 5, 0.0, num_heads=2, qkv_bias=True).eval()
+    x = torch.randn(2, 5, 6)
+    new_weight = torch.randn(8, 6)
+    mha.W_value.weight.data = new_weight  # no longer in the stacked storage
+    assert not _packed(mha)
+    with torch.set_grad_enabled(grad):
+        out = mha(x)
+        expected = mha(x, return_weights=True)[0]
+    assert_close(out, expected, atol=1e-6, rtol=1e-5)
+    if grad:
+        out.sum().backward()
+        assert mha.W_value.weight.grad is not None and mha.W_key.weight.grad is not None
+    mha.float()  # _apply packs them again
+    assert _packed(mha)
+    assert torch.equal(mha.W_value.weight, new_weight)
 
 
 def test_mha_fast_path_is_right_when_the_weights_are_not_side_by_side():
