@@ -84,8 +84,8 @@ def _results(fn: Callable[..., Any], probes: Sequence[Sequence[torch.Tensor]],
                         mistake(*[a.clone() for a in args])
                     except (RuntimeError, IndexError, ValueError):
                         raise CheckFailed(
-                            f"{what} {message}: it ran on the probes before, whose sizes "
-                            f"let it, and raised on {_sizes(args)}. {see}.") from None
+                            f"{what} {message} (it ran on the earlier probes, whose sizes "
+                            f"let it, and raised on {_sizes(args)}). {see}.") from None
             raise
         require_unchanged(what, saved, args, names)
         results.append(as_result(result))
