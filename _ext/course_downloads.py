@@ -56,7 +56,12 @@ def write_notebooks_zip(srcdir: Path | str, outdir: Path | str) -> Path:
 
 
 def _point_buttons_at_learner_notebooks(app, pagename, templatename, context, doctree):
-    """The download menu and Colab's launch button of a chapter page: its learner notebook."""
+    """The download menu and Colab's launch button of a chapter page: its learner notebook.
+
+    For a page made from a notebook, sphinx-book-theme's download menu offers the
+    source itself (``_sources/chapters/NAME.ipynb``, labelled ".ipynb"): that entry
+    now gives the learner notebook, and an entry after it the solutions notebook.
+    """
     if not pagename.startswith("chapters/") or not context.get("header_buttons"):
         return
     name = pagename.split("/", 1)[1] + ".ipynb"
@@ -64,26 +69,24 @@ def _point_buttons_at_learner_notebooks(app, pagename, templatename, context, do
         return
     pathto = context["pathto"]
     folder = learner_notebooks.LEARNER_DIR
-    buttons = [button for group in context["header_buttons"]
-               for button in group.get("buttons", [group])]
-    for button in buttons:
-        if button.get("label") == "download-notebook-button":
-            button["url"] = pathto(f"{folder}/{name}", 1)
-            button["tooltip"] = "Download the notebook, without the solutions"
-        elif button.get("text") == "Colab" and button["url"].endswith(f"/{pagename}.ipynb"):
-            # .../github/ORG/REPO/blob/BRANCH/chapters/NAME.ipynb -> .../notebooks/NAME.ipynb
-            button["url"] = button["url"].removesuffix(f"{pagename}.ipynb") + f"{folder}/{name}"
     for group in context["header_buttons"]:
-        if group.get("label") == "download-buttons":
-            notebook = [b.get("label") for b in group["buttons"]].index("download-notebook-button")
-            group["buttons"].insert(notebook + 1, {
-                "type": "link",
-                "url": pathto(f"{folder}/{learner_notebooks.SOLUTIONS_DIR}/{name}", 1),
-                "text": "solutions",
-                "icon": "fas fa-key",
-                "tooltip": "Download the notebook with the solutions",
-                "label": "download-solutions-button",
-            })
+        buttons = group.get("buttons", [group])
+        for index, button in enumerate(list(buttons)):
+            url = button.get("url") or ""
+            if group.get("label") == "download-buttons" and url.endswith(f"/{name}"):
+                button["url"] = pathto(f"{folder}/{name}", 1)
+                button["tooltip"] = "Download the notebook, without the solutions"
+                buttons.insert(index + 1, {
+                    "type": "link",
+                    "url": pathto(f"{folder}/{learner_notebooks.SOLUTIONS_DIR}/{name}", 1),
+                    "text": "solutions .ipynb",
+                    "icon": "fas fa-key",
+                    "tooltip": "Download the notebook with the solutions",
+                    "label": "download-solutions-button",
+                })
+            elif button.get("text") == "Colab" and url.endswith(f"/{pagename}.ipynb"):
+                # .../github/ORG/REPO/blob/BRANCH/chapters/NAME.ipynb -> .../notebooks/NAME.ipynb
+                button["url"] = url.removesuffix(f"{pagename}.ipynb") + f"{folder}/{name}"
 
 
 def notebooks_zip_role(name, rawtext, text, lineno, inliner, options=None, content=None):

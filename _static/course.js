@@ -20,7 +20,17 @@
  * table keeps its columns on a phone. An output whose lines are all sentences (a
  * printed CheckFailed message, a result stated in words: no line indented, no
  * run of two spaces aligning a column, no tensor) is marked course-prose-output,
- * which wraps it at the box's edge instead, like the page's text.
+ * which wraps it at the box's edge instead, like the page's text. So does an
+ * output with a line of over LONG_LINE characters (pytest's report of a failed
+ * check on the instructors' page, one line of 350): no column layout is read
+ * across 2,500 px, and its end is what the reader is sent to read.
+ *
+ * (4) A box that scrolls sideways says so.
+ * A code box, a printed output, a table or a display equation wider than its box
+ * scrolls inside it; on a phone nothing showed that there was more (555 of 734
+ * boxes). Each such box gets course-scroll-right while more of it lies to the
+ * right, course-scroll-left while some lies to the left, kept up to date as it
+ * scrolls and as the window changes; course.css fades the box's edge on that side.
  */
 "use strict";
 
@@ -73,9 +83,55 @@
     }
   };
 
+  const LONG_LINE = 160;
+  const markLongLines = () => {
+    for (const pre of document.querySelectorAll(".bd-content div.cell_output .output pre")) {
+      if (pre.textContent.split("\n").some((line) => line.length > LONG_LINE)) {
+        pre.closest(".output").classList.add("course-prose-output");
+      }
+    }
+  };
+
+  const SCROLLERS = [
+    ".bd-article div.highlight pre",
+    ".bd-article table",
+    '.bd-article mjx-container[display="true"]',
+  ].join(", ");
+  const cue = (box) => {
+    const more = box.scrollWidth - box.clientWidth;
+    box.classList.toggle("course-scroll-right", more > 1 && box.scrollLeft < more - 1);
+    box.classList.toggle("course-scroll-left", more > 1 && box.scrollLeft > 1);
+  };
+  const markScrolling = () => document.querySelectorAll(SCROLLERS).forEach(cue);
+  document.addEventListener(
+    "scroll",
+    (event) => {
+      const box = event.target;
+      if (box instanceof Element && box.matches(SCROLLERS)) cue(box);
+    },
+    { capture: true, passive: true },
+  );
+  let resizing = null;
+  window.addEventListener("resize", () => {
+    clearTimeout(resizing);
+    resizing = setTimeout(markScrolling, 100);
+  });
+  // Display equations are typeset after the page loads; hidden cells and solutions
+  // open later: look again then.
+  window.addEventListener("load", () => {
+    markScrolling();
+    if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+      MathJax.startup.promise.then(markScrolling);
+    }
+  });
+  document.addEventListener("toggle", markScrolling, true);
+  document.addEventListener("click", () => setTimeout(markScrolling, 0));
+
   const ready = () => {
     breakNames();
     markProse();
+    markLongLines();
+    markScrolling();
   };
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", ready);
   else ready();
