@@ -297,6 +297,7 @@ def test_run_benchmark_rejects_unknown_mode_and_contestant():
         bench.run_benchmark([8], d_model=D_MODEL, num_heads=NUM_HEADS, contestants=["xformers"])
 
 
+@pytest.mark.slow  # over 15 s on 2 cores
 def test_quick_run_writes_json_with_the_documented_schema(tmp_path, monkeypatch, capsys):
     # Impossible thresholds make every target fail: --check must then exit 1.
     monkeypatch.setattr(bench, "TARGET_VS_TORCH_MHA", 0.0)
@@ -311,7 +312,10 @@ def test_quick_run_writes_json_with_the_documented_schema(tmp_path, monkeypatch,
 
     result = json.loads(out.read_text())
     assert set(result) == {"schema_version", "metadata", "records", "verdicts", "all_targets_met",
-                           "memory_sweep", "kernel_timing"}
+                           "memory_sweep", "kernel_timing", "operators"}
+    assert "Operators (torch.profiler, float32, cpu, N=32)" in printed
+    assert [(m["mode"], m["passed"]) for m in result["operators"]["modes"]] == [
+        ("forward", True), ("forward_backward", True)]
     assert result["schema_version"] == 2
     meta = result["metadata"]
     for key in ("torch_version", "device", "device_name", "num_threads", "batch", "d_model",
@@ -394,6 +398,20 @@ def test_cli_rejects_bad_arguments(argv, message, tmp_path, capsys):
     assert not (tmp_path / "x.json").exists()
 
 
+@pytest.mark.parametrize("argv", [["--kernel-block-sizes", "0"], ["--memory-seq-lens", "-4"],
+                                  ["--kernel-reps", "-1"]])
+def test_cli_checks_the_sweeps_arguments_before_running_the_layer(argv, tmp_path, monkeypatch):
+    import attnlib.bench._cli as cli
+
+    def layer_ran(*args, **kwargs):
+        raise AssertionError("the layer benchmark ran before a bad sweep argument was refused")
+
+    monkeypatch.setattr(cli, "run_benchmark", layer_ran)
+    with pytest.raises(SystemExit) as info:
+        bench.main(["--quick", "--out", str(tmp_path / "x.json"), *argv])
+    assert info.value.code == 2
+
+
 def test_help_documents_the_options(capsys):
     with pytest.raises(SystemExit) as info:
         bench.main(["--help"])
@@ -415,6 +433,7 @@ def test_loglog_slope():
     assert bench.loglog_slope([8], [5]) is None
 
 
+@pytest.mark.slow  # over 15 s on 2 cores
 def test_memory_sweep_measures_the_readable_path_quadratic_and_flash_linear():
     sweep = bench.run_memory_sweep([128, 256, 512, 1024], max_reference_tokens=512,
                                    block_size=32, device="cpu")

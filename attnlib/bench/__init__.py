@@ -24,10 +24,16 @@ part of) one causal self-attention layer of GPT-2-small's size
   ``view``/``transpose`` into heads, ``scaled_dot_product_attention(is_causal=True)``,
   ``transpose`` back and ``reshape`` (a copy), and the output
   :func:`~torch.nn.functional.linear`. attnlib can at best match it; the gap
-  is the module's overhead. In ``forward`` mode attnlib reads its three
-  weights, which it keeps side by side, as one matrix without a copy; in
-  ``forward_backward`` mode it stacks them with ``torch.cat`` on every call
-  (so that each gets its gradient), which the floor does not.
+  is the module's overhead. attnlib reads its three weights, which it keeps
+  side by side, as one matrix without a copy, in both modes (with gradients
+  through a function whose backward hands each weight its rows of the
+  gradient), so it runs the floor's ATen operators: the same ones in
+  ``forward``, and in ``forward_backward`` the same kernel-launching ones,
+  plus a few views (it has six QKV parameters where the floor has two).
+  :func:`operator_parity` checks this with :mod:`torch.profiler` and the
+  command line prints it; what is left of a time gap is then the Python that
+  launches the kernels (a fixed few tens of microseconds per call, large
+  against a GPU's short bfloat16 calls: see :func:`operator_parity`).
 * ``sdpa_only`` - :func:`torch.nn.functional.scaled_dot_product_attention`
   alone on already projected queries, keys and values, laid out as attnlib
   passes them (a transposed view of ``(batch, num_tokens, d_model)``): the
@@ -93,7 +99,7 @@ a JSON file (see :func:`run_benchmark`, :func:`run_memory_sweep` and
 
 The code lives by concept in private modules: ``_constants``,
 ``_contestants`` (the six contestants, their FLOPs and agreement),
-``_timing``, ``_memory``,
+``_timing``, ``_memory``, ``_operators`` (the profiled operator counts),
 ``_benchmark`` (:func:`run_benchmark`), ``_sweeps`` (the kernel sweeps),
 ``_report`` (the tables) and ``_cli`` (:func:`main`, run by ``python -m
 attnlib.bench`` through ``__main__.py``). Every public name is re-exported
@@ -122,6 +128,10 @@ __all__ = [
     "loglog_slope",
     "format_table",
     "format_sweeps",
+    "is_view_operator",
+    "operator_counts",
+    "operator_parity",
+    "format_operator_parity",
     "main",
     "MEMORY_SWEEP_SEQ_LENS",
     "TARGET_VS_TORCH_MHA",
@@ -151,6 +161,7 @@ from ._contestants import (
     make_contestants,
 )
 from ._memory import peak_memory_bytes
+from ._operators import format_operator_parity, is_view_operator, operator_counts, operator_parity
 from ._report import format_sweeps, format_table
 from ._sweeps import loglog_slope, plot_memory_sweep, run_kernel_timing, run_memory_sweep
 from ._timing import time_contestants

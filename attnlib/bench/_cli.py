@@ -7,12 +7,16 @@ import argparse
 import json
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
+from .._validation import check_positive_int as _check_positive_int
 from . import _constants
-from ._benchmark import run_benchmark
+from ._benchmark import _check_seq_lens, run_benchmark
 from ._constants import CONTESTANTS, MEMORY_SWEEP_SEQ_LENS, MODES
+from ._contestants import make_contestants
+from ._operators import format_operator_parity, operator_parity
 from ._report import format_sweeps, format_table
 from ._sweeps import plot_memory_sweep, run_kernel_timing, run_memory_sweep
 
@@ -32,7 +36,8 @@ def _parser() -> argparse.ArgumentParser:
             "targets: attnlib at least 0.9x torch_mha's speed (and at most 0.5x its time "
             "in forward at N >= 1024), and within 1.03x of the bare kernels' time. Then a "
             "memory sweep of one attention call (N up to 16384, with a log-log plot) and "
-            "flash_attention's time against torch's fused kernel at N=4096, 8 heads."),
+            "flash_attention's time against torch's fused kernel at N=4096, 8 heads. "
+            "attnlib must also launch the bare kernels' ATen operators (torch.profiler)."),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--seq-lens", type=int, nargs="+", default=None, metavar="N",
@@ -58,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads before running (default: torch's choice)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    p.add_argument("--no-operator-check", action="store_true",
+                   help="skip comparing attnlib's ATen operators with the bare kernels' "
+                        "(torch.profiler, one call per mode at the shortest length)")
     p.add_argument("--seed", type=int, default=0, help="seed for weights and inputs")
     p.add_argument("--out", default="bench.json", help="where to write the JSON results")
     p.add_argument("--check", action="store_true",
@@ -90,6 +98,19 @@ def _parser() -> argparse.ArgumentParser:
                    help="time chapter 11's Triton kernel in the kernel timing (default: on a "
                         "CUDA device where Triton imports)")
     return p
+
+
+def _operator_check(result: dict[str, Any], seed: int) -> dict[str, Any]:
+    """:func:`operator_parity` of attnlib and the bare kernels as the benchmark built them."""
+    meta = result["metadata"]
+    device, dtype = torch.device(meta["device"]), getattr(torch, meta["dtype"])
+    num_tokens = min(meta["seq_lens"])
+    built = make_contestants(meta["d_model"], meta["num_heads"], num_tokens,
+                             names=["attnlib", "bare_kernels"], qkv_bias=meta["qkv_bias"],
+                             device=device, dtype=dtype, seed=seed)
+    gen = torch.Generator(device="cpu").manual_seed(seed + 2)
+    x = torch.randn(meta["batch"], num_tokens, meta["d_model"], generator=gen)
+    return operator_parity(built, x.to(device, dtype), modes=tuple(meta["modes"]))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -134,6 +155,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     kernel_blocks = args.kernel_block_sizes or ([16, 64] if quick else [128, 256, 512])
     kernel_reps = args.kernel_reps or (2 if quick else 5)
     try:
+        # The sweeps' arguments are checked before the layer benchmark runs.
+        if not args.no_memory_sweep:
+            _check_seq_lens(memory_lens, "memory_seq_lens")
+            _check_positive_int("max_reference_tokens", max_reference)
+        if not args.no_kernel_timing:
+            for name, value in (("kernel_tokens", kernel_tokens), ("kernel_heads", kernel_heads),
+                                ("kernel_reps", kernel_reps)):
+                _check_positive_int(name, value)
+            for block_size in kernel_blocks:
+                _check_positive_int("block_size", block_size)
         if args.skip_layer:
             result = {"schema_version": _constants.SCHEMA_VERSION, "metadata": {}, "records": [],
                       "verdicts": [], "all_targets_met": True}
@@ -150,18 +181,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             kernel_tokens, num_heads=kernel_heads, block_sizes=kernel_blocks,
             reps=kernel_reps, warmup=1, device=device, dtype=dtype, seed=args.seed,
             triton=args.triton)
+        operators = None
+        if not (args.skip_layer or args.no_operator_check) and {
+                "attnlib", "bare_kernels"} <= set(args.contestants):
+            operators = _operator_check(result, args.seed)
     except (ValueError, TypeError) as exc:
         parser.error(str(exc))
+    if operators is not None:
+        result["operators"] = operators
     result["memory_sweep"] = memory
     result["kernel_timing"] = kernel
     sweep_verdicts = [*(memory or {}).get("verdicts", []), *(kernel or {}).get("verdicts", [])]
+    same_operators = operators is None or all(m["passed"] for m in operators["modes"])
     result["all_targets_met"] = bool(
-        result["all_targets_met"] and all(v["passed"] for v in sweep_verdicts))
+        result["all_targets_met"] and all(v["passed"] for v in sweep_verdicts)
+        and same_operators)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print()
     if not args.skip_layer:
         print(format_table(result))
+        print()
+    if operators is not None:
+        print(format_operator_parity(operators))
         print()
     print(format_sweeps(memory, kernel))
     print(f"\nwrote {os.path.abspath(args.out)}")

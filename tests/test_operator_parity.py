@@ -1,0 +1,133 @@
+"""attnlib's MultiHeadAttention runs the ATen operators of the benchmark's bare
+kernels (issue 33.5): torch.profiler's operator names and counts, not times.
+
+On an H200 in bfloat16 attnlib took 1.45x the bare kernels' time forward at
+N=1024; on the CPU the two launched the same kernels, apart from two
+``torch.cat`` of the weights per training step, which these tests keep out.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from attnlib import bench
+
+D_MODEL, NUM_HEADS, NUM_TOKENS = 64, 4, 32
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _contestants(dtype, qkv_bias=True):
+    return bench.make_contestants(D_MODEL, NUM_HEADS, NUM_TOKENS, names=["attnlib", "bare_kernels"],
+                                  qkv_bias=qkv_bias, device="cpu", dtype=dtype)
+
+
+def _x(dtype):
+    gen = torch.Generator().manual_seed(0)
+    return torch.randn(2, NUM_TOKENS, D_MODEL, generator=gen).to(dtype)
+
+
+def _aten_ops(contestant, x, mode):
+    """Name -> count of the ATen operators of one profiled call, read from the profiler here
+    (independently of attnlib.bench.operator_counts)."""
+    inputs = contestant.make_inputs(x)
+
+    def call():
+        if mode == "forward":
+            with torch.inference_mode():
+                contestant.fn(*inputs)
+        else:
+            out = contestant.fn(*inputs)
+            out.backward(torch.ones_like(out))
+
+    call()  # warm
+    for t in (*contestant.params, *inputs):
+        t.grad = None
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        call()
+    counts = {}
+    for e in prof.events():
+        if e.name.startswith("aten::"):
+            counts[e.name] = counts.get(e.name, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("qkv_bias", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_forward_runs_exactly_the_bare_kernels_operators(dtype, qkv_bias):
+    built = _contestants(dtype, qkv_bias)
+    x = _x(dtype)
+    ours, floor = (_aten_ops(built[name], x, "forward") for name in ("attnlib", "bare_kernels"))
+    assert ours == floor  # views included: no upcast, no mask, no copy, no extra view
+    assert ours["aten::linear"] == 2  # one fused QKV projection and out_proj
+    assert not {"aten::cat", "aten::to", "aten::_to_copy", "aten::tril"} & set(ours)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_forward_backward_launches_the_bare_kernels_operators(dtype):
+    built = _contestants(dtype)
+    x = _x(dtype)
+    ours, floor = (_aten_ops(built[name], x, "forward_backward")
+                   for name in ("attnlib", "bare_kernels"))
+
+    def launching(counts):
+        return {k: v for k, v in counts.items() if not bench.is_view_operator(k)}
+
+    assert launching(ours) == launching(floor)
+    assert ours["aten::cat"] == 1  # split's backward (the q, k, v gradients), as in the floor
+    # What differs are views: attnlib's six QKV parameters get six views of one gradient.
+    assert all(bench.is_view_operator(k) for k in set(ours) | set(floor)
+               if ours.get(k, 0) != floor.get(k, 0))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_operator_parity_passes_for_attnlib_in_both_modes(dtype):
+    parity = bench.operator_parity(_contestants(dtype), _x(dtype))
+    assert parity["dtype"] == str(dtype).removeprefix("torch.")
+    forward, forward_backward = parity["modes"]
+    assert forward["mode"] == "forward" and forward["same_all"] and forward["passed"]
+    assert forward_backward["passed"] and not forward_backward["launching_difference"]
+    text = bench.format_operator_parity(parity)
+    assert text.count("PASS") == 2 and "FAIL" not in text
+
+
+def test_operator_parity_catches_an_upcast_and_a_materialised_mask():
+    built = _contestants(torch.bfloat16)
+    good = built["attnlib"].fn
+
+    def upcast(x):  # a float32 detour: two conversions
+        return good(x).float().to(x.dtype)
+
+    def with_mask(x):  # a causal mask built on every call
+        n = x.shape[1]
+        mask = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
+        return good(x) * mask[-1, -1]
+
+    for fn, extra in ((upcast, "aten::_to_copy"), (with_mask, "aten::tril")):
+        wrong = dict(built, attnlib=dataclasses.replace(built["attnlib"], fn=fn))
+        parity = bench.operator_parity(wrong, _x(torch.bfloat16), modes=("forward",))
+        (forward,) = parity["modes"]
+        assert not forward["passed"] and extra in forward["launching_difference"]
+        assert "FAIL  forward" in bench.format_operator_parity(parity)
+
+
+def test_is_view_operator_reads_the_schemas_alias_annotations():
+    for name in ("aten::view", "aten::transpose", "aten::split", "aten::slice",
+                 "aten::as_strided", "aten::detach", "aten::t"):
+        assert bench.is_view_operator(name), name
+    for name in ("aten::linear", "aten::cat", "aten::copy_", "aten::clone", "aten::_to_copy",
+                 "aten::fill_", "aten::no_such_operator", "ScaledDotProductAttention"):
+        assert not bench.is_view_operator(name), name
+
+
+def test_operator_counts_and_parity_reject_bad_arguments():
+    built = _contestants(torch.float32)
+    with pytest.raises(ValueError, match="unknown mode 'train'"):
+        bench.operator_counts(built["attnlib"], _x(torch.float32), "train")
+    with pytest.raises(TypeError, match="contestant must be a Contestant"):
+        bench.operator_counts(built["attnlib"].fn, _x(torch.float32), "forward")
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        bench.operator_counts(built["attnlib"], [1.0], "forward")
+    with pytest.raises(KeyError, match="bare_kernels"):
+        bench.operator_parity({"attnlib": built["attnlib"]}, _x(torch.float32))
