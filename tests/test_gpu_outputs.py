@@ -15,6 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
+from nbclient.exceptions import CellExecutionError
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "_ext"))
@@ -57,14 +58,22 @@ def test_a_cpu_re_execution_keeps_the_stored_gpu_outputs():
     assert all(ran.cells[i].execution_count for i in code)
 
 
-def test_a_gpu_cell_whose_code_changed_loses_its_stored_output_and_stamp(tmp_path):
+def edited_copy(tmp_path: Path, keep_text_check: bool) -> tuple[Path, int]:
+    """Chapter 2 in tmp_path with its stamped gpu cell's code edited; the cell's index."""
     copy = tmp_path / CHAPTER.name
     shutil.copy(CHAPTER, copy)
     nb = nbformat.read(copy, as_version=4)
     index, cell = next(iter(stamped_cells(nb).items()))
     cell.source = cell.source.replace("matches the CPU result", "agrees with the CPU")
     assert cell.metadata[STAMP]["source_sha256"] != source_digest(cell.source)
+    if not keep_text_check:  # the hidden cell that ties the text to the stored run
+        nb.cells = [c for c in nb.cells if is_gpu_cell(c) or STAMP not in c.source]
     nbformat.write(nb, copy)
+    return copy, index
+
+
+def test_a_gpu_cell_whose_code_changed_loses_its_stored_output_and_stamp(tmp_path):
+    copy, index = edited_copy(tmp_path, keep_text_check=False)
 
     ran = execute(copy)
 
@@ -72,3 +81,11 @@ def test_a_gpu_cell_whose_code_changed_loses_its_stored_output_and_stamp(tmp_pat
     assert STAMP not in changed.metadata
     assert stream_text(changed).strip() == SKIPPING  # the CPU's own output, not the GPU's
     assert "NVIDIA" not in stream_text(changed)
+
+
+def test_the_text_about_a_gpu_run_fails_its_check_once_the_cell_changed(tmp_path):
+    # The chapter's sentence about the H200 run is checked against the stored run of the
+    # cell's present code: after an edit, re-executing stops until the text is changed.
+    copy, _ = edited_copy(tmp_path, keep_text_check=True)
+    with pytest.raises(CellExecutionError, match="the GPU cell's stored run"):
+        execute(copy)
