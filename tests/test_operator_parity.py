@@ -32,25 +32,17 @@ def _aten_ops(contestant, x, mode):
     """Name -> count of the ATen operators of one profiled call, read from the profiler here
     (independently of attnlib.bench.operator_counts)."""
     inputs = contestant.make_inputs(x)
-
-    def call():
-        if mode == "forward":
-            with torch.inference_mode():
-                contestant.fn(*inputs)
-        else:
-            out = contestant.fn(*inputs)
-            out.backward(torch.ones_like(out))
-
-    call()  # warm
-    for t in (*contestant.params, *inputs):
-        t.grad = None
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        call()
-    counts = {}
-    for e in prof.events():
-        if e.name.startswith("aten::"):
-            counts[e.name] = counts.get(e.name, 0) + 1
-    return counts
+    backward = mode == "forward_backward"
+    for _ in range(2):  # a warm-up call, then the one whose profile is read
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
+            with torch.inference_mode(not backward):
+                y = contestant.fn(*inputs)
+            if backward:
+                y.backward(torch.ones_like(y))
+        for t in (*contestant.params, *inputs):
+            t.grad = None
+    names = [e.name for e in prof.events() if e.name.startswith("aten::")]
+    return {name: names.count(name) for name in set(names)}
 
 
 @pytest.mark.parametrize("qkv_bias", [True, False])
