@@ -5,7 +5,8 @@
 The page is served from 127.0.0.1 and every request off this machine is
 blocked, so the PDF is made offline. Before printing, the script waits for
 MathJax to typeset every formula and for every image to load, opens every
-dropdown (exercise solutions, hidden code), starts each chapter on a new page,
+dropdown (exercise solutions, hidden code), moves the solutions to an appendix
+and prints the API reference compact (``PAPER``), starts each chapter on a new page,
 adds the version, the date and the authors to the title page, shrinks each
 output block that is wider than the column until its longest line fits, and
 keeps the opening lines of a code block together where blank lines follow them
@@ -243,6 +244,130 @@ PREPARE = """(meta) => {
           shrunk: shrunk, wrapped: wrapped, tables: tables, kept: kept, boxes: boxes};
 }"""
 
+# Run in the page before PREPARE: what differs between the screen and paper.
+# (1) The exercises' solutions leave the chapters for an appendix, "Solutions",
+# after the last chapter, a section per chapter; where each solution was, a line
+# points to it (a link in the PDF), and its title links back to its exercise. The
+# cells that compute a worked answer's numbers (tagged hide-cell, between an
+# exercise and its solution) go with it. The appendix is a page of the book of its
+# own: a new sheet, a line in the contents, a bookmark with its chapters' sections.
+# A collapsed listing of attnlib.show_source is titled "The source of ...", not
+# "Show the source of ...".
+# (2) The API reference is compact on paper: each name's signature and the first
+# paragraph of its docstring, with a note that the web book has the rest (221 of
+# 600 pages before).
+PAPER = """() => {
+  const text = e => { const c = e.cloneNode(true);
+    c.querySelectorAll('.headerlink').forEach(x => x.remove());
+    return c.textContent.replace(/\\s+/g, ' ').trim(); };
+  const starts = Array.from(document.querySelectorAll('span[id^="document-"]'));
+  const chapters = starts.filter(s => s.id.startsWith('document-chapters/'));
+  const appendix = document.createElement('section');
+  appendix.id = 'course-solutions';
+  appendix.className = 'course-solutions-appendix';
+  // Sphinx's single page titles each page of the book with an h2 (the cover: h1).
+  const title = document.createElement('h2');
+  title.textContent = 'Solutions';
+  const lead = document.createElement('p');
+  lead.textContent = 'The solutions of the exercises, chapter by chapter. Each title names '
+    + 'its exercise and links back to it. The code cells that compute a worked answer\\'s '
+    + 'numbers come with it.';
+  appendix.append(title, lead);
+  let moved = 0, cells = 0;
+  chapters.forEach(span => {
+    const chapter = span.nextElementSibling;
+    if (!chapter || chapter.tagName !== 'SECTION') return;
+    const solutions = Array.from(chapter.querySelectorAll('div.solution'));
+    if (!solutions.length) return;
+    const h2 = chapter.querySelector(':scope > h2');
+    const part = document.createElement('section');
+    part.id = 'course-solutions-' + chapter.id;
+    const heading = document.createElement('h3');
+    heading.textContent = h2 ? text(h2) : chapter.id;
+    part.appendChild(heading);
+    solutions.forEach(solution => {
+      const before = [];
+      for (let e = solution.previousElementSibling;
+           e && e.matches('div.cell.tag_hide-cell') && !e.matches('.tag_raises-exception');
+           e = e.previousElementSibling) before.unshift(e);
+      if (!solution.id) solution.id = 'course-solution-' + moved;
+      const pointer = document.createElement('p');
+      pointer.className = 'course-solution-pointer';
+      const link = document.createElement('a');
+      link.href = '#' + solution.id;
+      link.textContent = 'Its solution: in the appendix, Solutions, ' + heading.textContent + '.';
+      pointer.appendChild(link);
+      (before[0] || solution).before(pointer);
+      before.forEach(e => part.appendChild(e));
+      part.appendChild(solution);
+      moved += 1;
+      cells += before.length;
+    });
+    appendix.appendChild(part);
+  });
+  // Chromium writes a named destination (for the contents and the bookmarks) only
+  // for an element that a link points to: a link in each heading, not printed.
+  [appendix, ...appendix.querySelectorAll(':scope > section')].forEach(section => {
+    const link = document.createElement('a');
+    link.className = 'headerlink';
+    link.href = '#' + section.id;
+    link.textContent = '#';
+    section.querySelector(':scope > h2, :scope > h3').appendChild(link);
+  });
+  if (moved) {
+    const last = chapters[chapters.length - 1].nextElementSibling;
+    const span = document.createElement('span');
+    span.id = 'document-course-solutions';
+    last.after(span);
+    span.after(appendix);
+    // Its line in the contents, after the last chapter's.
+    const entry = document.querySelector('#jb-print-toc li > a[href="#'
+      + chapters[chapters.length - 1].id + '"]');
+    if (entry) {
+      const li = document.createElement('li');
+      li.className = entry.parentElement.className;
+      const a = document.createElement('a');
+      a.className = entry.className;
+      a.href = '#' + span.id;
+      a.textContent = 'Solutions';
+      li.appendChild(a);
+      entry.parentElement.after(li);
+    }
+  }
+  let api = 0;
+  starts.filter(s => s.id.startsWith('document-api')).forEach(span => {
+    const page = span.nextElementSibling;
+    if (!page) return;
+    page.classList.add('course-api-compact');
+    page.querySelectorAll('dl.py > dd').forEach(dd => {
+      let first = true;
+      Array.from(dd.children).forEach(child => {
+        if (child.matches('dl.py')) return;  // a method or attribute: its own turn
+        if (child.tagName === 'P' && first) { first = false; return; }
+        child.remove();
+      });
+      api += 1;
+    });
+    const h2 = page.querySelector(':scope > h2');
+    if (h2) {
+      const note = document.createElement('p');
+      note.className = 'course-print-note';
+      note.textContent = 'On paper, each name has its signature and the first paragraph of its '
+        + 'docstring. The web book\\'s API reference, and help() in Python, give the rest: '
+        + 'each argument, the shapes, the defaults and the errors raised.';
+      h2.after(note);
+    }
+  });
+  // attnlib.show_source's collapsed listing opens on paper: its summary line is its
+  // title, not a control.
+  document.querySelectorAll('details.attnlib-source > summary').forEach(summary => {
+    const words = summary.firstChild;
+    if (words && words.nodeType === Node.TEXT_NODE)
+      words.textContent = words.textContent.replace(/^\\s*Show the source of/, 'The source of');
+  });
+  return {solutions: moved, answer_cells: cells, api_entries: api};
+}"""
+
 # Write the page numbers into the contents' boxes (the same order as ``entries``).
 NUMBER = """(numbers) => {
   const boxes = document.querySelectorAll('#jb-print-toc .course-toc-page');
@@ -461,7 +586,9 @@ def print_pdf(html: Path, pdf: Path) -> dict:
                     "() => window.MathJax && MathJax.startup && MathJax.startup.promise",
                 )
                 page.evaluate("() => MathJax.startup.promise")
+            paper = page.evaluate(PAPER)
             layout = page.evaluate(PREPARE, meta)
+            layout.update(paper)
             page.wait_for_function(
                 "() => Array.from(document.images).every(i => i.complete)"
             )
@@ -529,6 +656,8 @@ def main(argv: list[str] | None = None) -> int:
           f" {layout['kept']} code blocks keep their opening lines together,"
           f" {layout['moved']} boxes start on the next page rather than end a page"
           f" in an empty stretch")
+    print(f"{layout['solutions']} solutions (with {layout['answer_cells']} cells of worked"
+          f" answers) in the appendix; {layout['api_entries']} API entries printed compact")
     if layout["feet_left"]:
         print(f"pages still ending in an empty stretch of a box >= {FOOT_CM} cm:"
               f" {layout['feet_left']}")

@@ -1,5 +1,5 @@
-"""Play Colab: a machine with torch but without attnlib runs a chapter from its
-setup cell on.
+"""Play Colab: a machine with torch but without attnlib runs a chapter's learner
+notebook (what Colab's launch button opens) from its setup cell on.
 
 The test makes a fresh virtual environment with what Colab has preinstalled
 (torch, numpy, matplotlib, tqdm, a Jupyter kernel) and no attnlib; clones this
@@ -38,7 +38,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
-CHAPTER = ROOT / "chapters" / "01_simplified_attention.ipynb"
+# What Colab's launch button opens: the learner notebook (notebooks/, made from the
+# chapter by _ext/learner_notebooks.py), with the chapter's setup cell.
+CHAPTER = ROOT / "notebooks" / "01_simplified_attention.ipynb"
 # What Colab already has: taken from the project's environment (see above).
 COLAB_PACKAGES = ["torch", "numpy", "matplotlib", "tqdm", "ipykernel", "nbclient", "nbformat"]
 

@@ -586,3 +586,122 @@ def test_no_word_or_number_is_broken_across_lines(pdf_text):
     print(f"{checked} lines and runs of prose checked; {len(broken)} broken")
     assert checked > 1000, f"only {checked} lines found in the PDF's text"
     assert not broken, f"{len(broken)} lines broken inside a word or number: {broken[:20]}"
+
+
+# ------------------------------------------------- paper, not a screen (issue 28)
+
+
+@pytest.fixture(scope="module")
+def page_texts(pdf_text) -> list[str]:
+    """Each printed page's text, squashed (see squash), the footer left in."""
+    reader, _, _ = pdf_text
+    return [squash(page.extract_text() or "") for page in reader.pages]
+
+
+SOLUTION_BLOCK = re.compile(r"^(`{3,})\{solution\}[^\n]*\n(?::[\w-]+:[^\n]*\n)*(.*?)^\1\s*$",
+                            re.M | re.S)
+
+
+def first_words(markdown: str, count: int = 8) -> str:
+    """The first words of a block's plain prose (before any math, code or link)."""
+    plain = re.split(r"[$`\[]|\n\n", markdown.strip())[0]
+    return " ".join(re.sub(r"[*_\\]", "", plain).split()[:count])
+
+
+def test_solutions_are_in_an_appendix_after_the_chapters(pdf_text, page_texts):
+    """Paper does not hide a solution under its exercise: every solution is printed
+    in the appendix "Solutions" (a top-level bookmark after the last chapter), and
+    nowhere before it."""
+    reader, _, printed = pdf_text
+    tops = [(title, page) for title, page, _ in outline_tree(reader)]
+    titles = [squash(t) for t, _ in tops]
+    assert squash("Solutions") in titles, f"no Solutions bookmark: {[t for t, _ in tops]}"
+    appendix = tops[titles.index(squash("Solutions"))][1]
+    last_chapter = max(page for title, page in tops if re.match(r"\d+\.", title))
+    assert appendix > last_chapter, (appendix, last_chapter)
+    early, checked = [], 0
+    for path in chapter_notebooks():
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            for block in SOLUTION_BLOCK.finditer(cell.source if cell.cell_type == "markdown" else ""):
+                words = squash(first_words(block.group(2)))
+                if len(words) < 25:
+                    continue
+                pages = [n for n, text in enumerate(page_texts, 1) if words in text]
+                checked += bool(pages)
+                if pages and min(pages) < appendix:
+                    early.append(f"{path.name} p{min(pages)}: {first_words(block.group(2))}")
+    print(f"{checked} solutions found; the appendix starts on page {appendix}")
+    assert checked >= 30, f"only {checked} solutions found in the PDF"
+    assert not early, f"{len(early)} solutions printed before the appendix: {early[:5]}"
+
+
+def test_exercise_checks_print_no_failure(pdf_text):
+    """An exercise's check cell fails until the reader fills the stub; paper prints
+    the check, not its CheckFailed or NotImplementedError message."""
+    _, text, _ = pdf_text
+    flat = squash(text)
+    printed = []
+    for path in chapter_notebooks():
+        nb = nbformat.read(path, as_version=4)
+        for index, cell in enumerate(nb.cells):
+            if "raises-exception" not in cell.metadata.get("tags", []):
+                continue
+            for out in cell.get("outputs", []):
+                # The message whole: its start may quote the exercise's own words.
+                if out.output_type == "error" and squash(out.evalue)[:120] in flat:
+                    printed.append(f"{path.name} cell {index}: {out.ename}: {out.evalue[:60]}")
+    assert not printed, f"{len(printed)} failure messages printed: {printed[:5]}"
+
+
+# Words that only a screen can act on, and what paper says instead (intro.md's
+# course-screen-only and course-print-only spans; print.css).
+SCREEN_ONLY = ["rocket-shaped", "hidden until you open", "Show the source of"]
+PRINT_ONLY = ["their solutions are in the appendix, Solutions",
+              "On the web book, every chapter page has a launch button"]
+
+
+def test_screen_only_words_are_not_printed(pdf_text):
+    _, text, _ = pdf_text
+    flat = squash(text)
+    assert not [w for w in SCREEN_ONLY if squash(w) in flat]
+    assert all(squash(w) in flat for w in PRINT_ONLY), [w for w in PRINT_ONLY if squash(w) not in flat]
+
+
+def test_each_figure_is_on_the_page_of_its_caption(pdf_text, page_texts):
+    """A caption printed on the page after its figure ("Fig 4.1 p90 -> 91") reads as
+    the caption of nothing: the page where a caption starts holds an image."""
+    reader, _, _ = pdf_text
+    first_chapter = min(page for title, page, _ in outline_tree(reader) if re.match(r"\d+\.", title))
+    apart, checked = [], 0
+    for path in chapter_notebooks():
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            caption = cell.metadata.get("mystnb", {}).get("figure", {}).get("caption")
+            if cell.cell_type != "code" or not caption:
+                continue
+            words = squash(first_words(caption, 10))
+            if len(words) < 25:
+                continue  # a few words before the first formula: found anywhere
+            pages = [n for n, t in enumerate(page_texts, 1) if words in t and n >= first_chapter]
+            if not pages:
+                continue
+            checked += 1
+            if not reader.pages[pages[0] - 1].images:
+                apart.append(f"{path.name}: {first_words(caption, 10)!r} on p{pages[0]}")
+    print(f"{checked} captions found")
+    assert checked >= 10, f"only {checked} figure captions found in the PDF"
+    assert not apart, f"captions on a page without their figure: {apart}"
+
+
+def test_the_api_reference_is_compact_on_paper(pdf_text):
+    """The API reference printed whole took 221 of 600 pages: on paper each name has
+    its signature and first paragraph (make_pdf.py), the web book the rest."""
+    reader, text, _ = pdf_text
+    tops = [(squash(title), page) for title, page, _ in outline_tree(reader)]
+    start = next(i for i, (title, _) in enumerate(tops) if title.startswith(squash("API reference")))
+    end = tops[start + 1][1] if start + 1 < len(tops) else len(reader.pages) + 1
+    pages = end - tops[start][1]
+    print(f"API reference: {pages} pages of {len(reader.pages)}")
+    assert squash("On paper, each name has its signature") in squash(text)
+    assert pages <= 90, f"the API reference takes {pages} pages"
