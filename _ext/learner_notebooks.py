@@ -195,11 +195,11 @@ def notebook_texts(root: Path | str = ROOT, config: dict | None = None) -> dict[
     import yaml
 
     root = Path(root)
-    if config is None:
-        config = yaml.safe_load((root / "_config.yml").read_text())
     chapters = sorted((root / "chapters").glob("*.ipynb"))
     if not chapters:
         raise FileNotFoundError(f"no notebooks in {root / 'chapters'}")
+    if config is None:
+        config = yaml.safe_load((root / "_config.yml").read_text())
     texts = {}
     for chapter in chapters:
         learner, solutions = make_notebooks(chapter, config)

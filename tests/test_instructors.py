@@ -235,11 +235,18 @@ def test_notebooks_zip_holds_every_chapter(tmp_path):
         sys.path.remove(str(ROOT / "_ext"))
     target = write_notebooks_zip(ROOT, tmp_path / "html")
     assert target == tmp_path / "html" / ZIP_NAME
-    chapters = sorted((ROOT / "chapters").glob("*.ipynb"))
+    # The learner notebooks (no solutions) and the solutions notebooks, as committed in
+    # notebooks/ (test_learner_notebooks checks that those are the chapters' own).
+    names = [p.name for p in sorted((ROOT / "chapters").glob("*.ipynb"))]
+    expected = sorted([f"chapters/{n}" for n in names]
+                      + [f"chapters/solutions/{n}" for n in names])
     with zipfile.ZipFile(target) as archive:
-        assert archive.namelist() == [f"chapters/{p.name}" for p in chapters]
-        for path in chapters:
-            assert archive.read(f"chapters/{path.name}") == path.read_bytes()
+        assert sorted(archive.namelist()) == expected
+        for name in names:
+            assert archive.read(f"chapters/{name}") == (ROOT / "notebooks" / name).read_bytes()
+            assert archive.read(f"chapters/solutions/{name}") == (
+                ROOT / "notebooks" / "solutions" / name).read_bytes()
+            assert b"{solution}" not in archive.read(f"chapters/{name}")
     # The landing page links it with the role the extension registers.
     assert "{notebooks-zip}`notebooks.zip`" in INTRO
     assert "course_downloads" in CONFIG["sphinx"]["local_extensions"]
