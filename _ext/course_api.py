@@ -1,13 +1,22 @@
-"""The API reference page, generated from attnlib's docstrings on every build.
+"""The API reference, generated from attnlib's docstrings on every build.
 
-``api.md`` holds the prose and the marker line ``<!-- attnlib-api-modules -->``;
-this extension replaces the marker with one section per public module of
-attnlib (found by walking the package, so a new module appears without an edit),
-each an ``automodule`` with ``:members:`` and ``:undoc-members:``: every name
-in the module's ``__all__`` is listed. The checkers of ``attnlib.exercises``
-live in submodules and are re-exported by the package, so they are listed once,
-under ``attnlib.exercises``; ``attnlib.exercises._common``, the toolkit for
-writing a checker, gets its own section.
+The reference is one page per module (``api/*.md``), each under the index page
+``api.md``, in ``_toc.yml``. A page holds its title and a marker line,
+``<!-- attnlib-api: attnlib.attention -->``, which this extension replaces with
+the module's ``automodule`` (``:members:`` and ``:undoc-members:``: every name in
+the module's ``__all__`` is listed). A module too long for one page on a phone is
+split over several: the marker then names what its page holds, after the module,
+``<!-- attnlib-api: attnlib.exercises module CheckFailed basics scaling -->``:
+``module`` (the module's docstring and target, on one of its pages), names of its
+``__all__``, and submodules (every name of ``__all__`` defined there). A public
+module on no page, or a name of a split module on none or on two, is a warning,
+which ``-W`` fails. ``api.md`` holds the prose and the marker
+``<!-- attnlib-api-modules -->``, replaced with a line per page: its title and
+the first sentence of the module's docstring (or the page's own first paragraph).
+
+The checkers of ``attnlib.exercises`` live in submodules and are re-exported by
+the package, so they are listed once, under ``attnlib.exercises``;
+``attnlib.exercises._common``, the toolkit for writing a checker, gets its own page.
 
 References that Sphinx cannot resolve inside the book (``torch.Tensor``,
 ``numpy.ndarray``, Python's own types) become links to PyTorch's, NumPy's and
@@ -18,12 +27,23 @@ follow them. Anything else unresolved stays a warning, which ``-W`` fails.
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
+import re
+from dataclasses import dataclass
+from pathlib import Path
 
 from docutils import nodes
+from sphinx.util import logging
+
+LOGGER = logging.getLogger(__name__)
 
 MARKER = "<!-- attnlib-api-modules -->"
 API_DOC = "api"
+#: The folder of the module pages, beside api.md.
+API_DIR = "api"
+PAGE_MARKER = re.compile(
+    r"^<!-- attnlib-api: (?P<module>[\w.]+)(?P<tokens>(?: [\w.]+)*) -->$", re.M)
 
 #: Documented in their own section although their name starts with "_".
 EXTRA_MODULES = ("attnlib.exercises._common",)
@@ -66,23 +86,225 @@ def undocumented_data(module: str) -> list[str]:
             and not isinstance(getattr(obj, name), type(obj))]
 
 
-def _section(module: str) -> str:
-    heading = f"({label(module)})=\n## `{module}`\n\n"
+@dataclass
+class Page:
+    """A page of the reference: ``api/attention`` holds ``attnlib.attention``."""
+
+    docname: str
+    title: str
+    summary: str | None  # the page's own first paragraph, if it has one
+    module: str
+    tokens: tuple[str, ...]  # empty: the whole module
+
+    @property
+    def whole(self) -> bool:
+        return not self.tokens
+
+    def names(self) -> list[str]:
+        """The names of the module's ``__all__`` that this page documents, in order."""
+        obj = importlib.import_module(self.module)
+        every = list(getattr(obj, "__all__", []))
+        if self.whole:
+            return every
+        # In the tokens' order (a split module's pages go chapter by chapter).
+        return [name for token in self.tokens for name in every
+                if name == token or _home(self.module, name) == f"{self.module}.{token}"]
+
+
+def _home(module: str, name: str) -> str:
+    """The module that defines ``module.name`` (a value without one: ``module``)."""
+    return getattr(getattr(importlib.import_module(module), name), "__module__", None) or module
+
+
+def _page(srcdir: Path, path: Path) -> Page | None:
+    text = path.read_text()
+    found = PAGE_MARKER.search(text)
+    if found is None:
+        return None
+    title = next((line[2:].strip() for line in text.splitlines() if line.startswith("# ")), "")
+    between = text[text.index("# "):found.start()].split("\n", 1)[-1]
+    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", between)
+                  if p.strip() and not p.strip().startswith(("(", "<!--"))]
+    docname = path.relative_to(srcdir).with_suffix("").as_posix()
+    return Page(docname, title, " ".join(paragraphs[0].split()) if paragraphs else None,
+                found["module"], tuple(found["tokens"].split()))
+
+
+def api_pages(srcdir: str | Path) -> list[Page]:
+    """The module pages of the reference, in the order of ``public_modules()``."""
+    srcdir = Path(srcdir)
+    pages = [page for path in sorted((srcdir / API_DIR).glob("*.md"))
+             if (page := _page(srcdir, path)) is not None]
+    order = {name: float(i) for i, name in enumerate(public_modules())}
+    for name in EXTRA_MODULES:  # after the package it belongs to
+        order[name] = order.get(name.rsplit(".", 1)[0], len(order)) + 0.5
+    def natural(docname: str) -> list:  # exercises_6_to_10 before exercises_11_to_13
+        return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", docname)]
+
+    return sorted(pages, key=lambda page: (order.get(page.module, len(order)),
+                                           natural(page.docname)))
+
+
+def placement_problems(pages: list[Page]) -> list[str]:
+    """What the pages leave out or hold twice: a public module on no page, a name of
+    a split module on none or on two, a token that names nothing."""
+    problems = []
+    by_module: dict[str, list[Page]] = {}
+    for page in pages:
+        by_module.setdefault(page.module, []).append(page)
+    for module in public_modules():
+        if module not in by_module:
+            problems.append(f"{module} is on no page of {API_DIR}/ (add {API_DIR}/NAME.md"
+                            f" with the line '<!-- attnlib-api: {module} -->', and it to _toc.yml)")
+    for module, group in by_module.items():
+        if len(group) == 1 and group[0].whole:
+            continue
+        every = getattr(importlib.import_module(module), "__all__", [])
+        for page in group:
+            if page.whole:
+                problems.append(f"{page.docname}: {module} is split, so its page must name"
+                                " what it holds")
+            unknown = [token for token in page.tokens
+                       if token != "module" and token not in every and not any(
+                           _home(module, name) == f"{module}.{token}" for name in every)]
+            if unknown:
+                problems.append(f"{page.docname}: {unknown} name nothing in {module}")
+        for name in every:
+            holders = [page.docname for page in group if name in page.names()]
+            if len(holders) != 1:
+                problems.append(f"{module}.{name} is on {len(holders)} pages: {holders}")
+        with_module = [page.docname for page in group if "module" in page.tokens or page.whole]
+        if len(with_module) != 1:
+            problems.append(f"{module}'s docstring is on {len(with_module)} pages: {with_module}")
+    return problems
+
+
+def _member(module: str, name: str) -> str:
+    obj = getattr(importlib.import_module(module), name)
+    if inspect.isclass(obj) and issubclass(obj, BaseException):
+        return f"\n.. autoexception:: {name}\n"
+    if inspect.isclass(obj):
+        return f"\n.. autoclass:: {name}\n   :members:\n   :undoc-members:\n"
+    if callable(obj):
+        return f"\n.. autofunction:: {name}\n"
+    return f"\n.. autodata:: {name}\n"
+
+
+def documented_elsewhere(module: str) -> list[tuple[str, str]]:
+    """Names of ``module.__all__`` that another public module defines and documents
+    (``attnlib.functional.flash_attention`` is ``attnlib.flash``'s): (name, home).
+    Each public name is documented on one page; here it is a link."""
+    obj = importlib.import_module(module)
+    public = set(public_modules())
+    out = []
+    for name in getattr(obj, "__all__", []):
+        home = getattr(getattr(obj, name), "__module__", None)
+        if (home and home != module and home in public
+                and name in getattr(importlib.import_module(home), "__all__", [])):
+            out.append((name, home))
+    return out
+
+
+def _top_level_names() -> str:
+    """The package's page: each name it re-exports, linked to where it is documented."""
+    import attnlib
+
+    lines = []
+    for name in attnlib.__all__:
+        obj = getattr(attnlib, name)
+        if inspect.ismodule(obj):
+            lines.append(f"* :py:mod:`attnlib.{name} <{obj.__name__}>` (a module)")
+            continue
+        homes = [m for m in public_modules()[1:]
+                 if name in getattr(importlib.import_module(m), "__all__", [])
+                 and getattr(importlib.import_module(m), name) is obj]
+        if not homes:
+            continue  # documented with the package itself
+        home = getattr(obj, "__module__", None)
+        home = home if home in homes else homes[0]
+        lines.append(f"* :py:obj:`attnlib.{name} <{home}.{name}>` (:py:mod:`{home}`)")
+    return ("\n## The names at the top level\n\n"
+            "`import attnlib` gives these names, each documented with its module:\n\n"
+            "```{eval-rst}\n" + "\n".join(lines) + "\n```\n")
+
+
+def page_body(page: Page) -> str:
+    """The directives that replace a page's marker."""
+    module = page.module
     if module == "attnlib":
-        # The package re-exports names documented in their own modules below.
-        return heading + "```{eval-rst}\n.. automodule:: attnlib\n   :no-members:\n```\n"
-    extra = "   :exclude-members: CheckFailed\n" if module.endswith("._common") else ""
-    data = "".join(f"\n.. autodata:: {name}\n" for name in undocumented_data(module))
-    return (
-        heading
-        + "```{eval-rst}\n"
-        f".. automodule:: {module}\n"
-        "   :members:\n"
-        "   :undoc-members:\n"
-        f"{extra}"
-        f"{data}"
-        "```\n"
-    )
+        # The package re-exports names documented in their own modules.
+        return ("```{eval-rst}\n.. automodule:: attnlib\n   :no-members:\n```\n"
+                + _top_level_names())
+    if page.whole:
+        elsewhere = documented_elsewhere(module)
+        skip = [name for name, _ in elsewhere]
+        if module.endswith("._common"):
+            skip.append("CheckFailed")
+        extra = f"   :exclude-members: {', '.join(skip)}\n" if skip else ""
+        data = "".join(f"\n.. autodata:: {name}\n" for name in undocumented_data(module)
+                       if name not in skip)
+        also = "".join(
+            f"\n.. rubric:: Also exported here\n\n:py:obj:`{home}.{name}` is also exported by"
+            f" this module, as ``{module}.{name}``; it is documented with :py:mod:`{home}`.\n"
+            for name, home in elsewhere)
+        return (
+            "```{eval-rst}\n"
+            f".. automodule:: {module}\n"
+            "   :members:\n"
+            "   :undoc-members:\n"
+            f"{extra}"
+            f"{data}"
+            f"{also}"
+            "```\n"
+        )
+    head = (f".. automodule:: {module}\n   :no-members:\n" if "module" in page.tokens
+            else f".. py:currentmodule:: {module}\n")
+    return "```{eval-rst}\n" + head + "".join(_member(module, n) for n in page.names()) + "```\n"
+
+
+def _plain(text: str) -> str:
+    """reST's inline markup of a docstring as MyST: ``x`` and :func:`x` read `x`."""
+    text = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text)
+    return text.replace("``", "`")
+
+
+def first_sentence(module: str) -> str:
+    doc = (importlib.import_module(module).__doc__ or "").strip()
+    paragraph = " ".join(doc.split("\n\n")[0].split())
+    sentence = re.split(r"(?<=[.!?])\s+(?=[A-Z])", paragraph)[0]
+    return _plain(sentence)
+
+
+def index_lines(pages: list[Page]) -> str:
+    """api.md's list: a line per page, its title linked, and what it holds."""
+    lines = []
+    for page in pages:
+        summary = page.summary if page.summary else first_sentence(page.module)
+        lines.append(f"- [{page.title}]({page.docname}.md): {summary}")
+    return "\n".join(lines) + "\n"
+
+
+def _fill_api_page(app, docname, source):
+    if docname == API_DOC and MARKER in source[0]:
+        source[0] = source[0].replace(MARKER, index_lines(api_pages(app.srcdir)))
+        return
+    if not docname.startswith(API_DIR + "/"):
+        return
+    found = PAGE_MARKER.search(source[0])
+    if found is None:
+        return
+    page = _page(Path(app.srcdir), Path(app.srcdir) / (docname + ".md"))
+    source[0] = source[0][:found.start()] + page_body(page) + source[0][found.end():]
+
+
+def _check_pages(app):
+    for problem in placement_problems(api_pages(app.srcdir)):
+        LOGGER.warning("API reference: %s", problem, type="course_api")
+
+
+def _always_reread_api(app, env, added, changed, removed):
+    # The pages depend on the package, not on their Markdown alone: regenerate them.
+    return [doc for doc in env.found_docs if doc == API_DOC or doc.startswith(API_DIR + "/")]
 
 
 def _skip_undocumented_attributes(app, what, name, obj, skip, options):
@@ -93,18 +315,6 @@ def _skip_undocumented_attributes(app, what, name, obj, skip, options):
         if doc is None or doc == getattr(type(obj), "__doc__", None):
             return True
     return None
-
-
-def _fill_api_page(app, docname, source):
-    if docname != API_DOC or MARKER not in source[0]:
-        return
-    sections = "\n".join(_section(name) for name in public_modules())
-    source[0] = source[0].replace(MARKER, sections)
-
-
-def _always_reread_api(app, env, added, changed, removed):
-    # The page depends on the package, not on api.md alone: regenerate it always.
-    return [API_DOC] if API_DOC in env.found_docs else []
 
 
 # Where the names of the libraries attnlib builds on are documented.
@@ -235,6 +445,7 @@ def _link_missing(app, env, node, contnode):
 
 
 def setup(app):
+    app.connect("builder-inited", _check_pages)
     app.connect("source-read", _fill_api_page)
     app.connect("env-get-outdated", _always_reread_api)
     app.connect("missing-reference", _link_missing)
