@@ -1008,16 +1008,20 @@ SECONDARY_TOC_JS = r"""() => {
 
 
 def test_api_contents_show_long_names_in_full(built_book, server, browser):
-    """The API page's contents list every module, class and checker; at 1280 px
+    """Each API page's contents list its module's classes and checkers; at 1280 px
     a long name (check_prefix_matching_score()) wraps within the sidebar."""
-    with desktop_page(browser, f"{server}/api.html") as (page, _):
-        page.wait_for_load_state("networkidle")
-        toc = page.evaluate(SECONDARY_TOC_JS)
-    assert toc["links"] > 100, f"only {toc['links']} entries in the API page's contents"
-    assert not toc["clipped"], f"{len(toc['clipped'])} entries cut at the sidebar's edge:" \
-                               f" {toc['clipped'][:5]}"
-    assert toc["scroll_width"] <= toc["client_width"], (
-        f"the contents scroll sideways: {toc['scroll_width']} px in {toc['client_width']} px")
+    links = 0
+    for page_name in api_pages():
+        with desktop_page(browser, f"{server}/{page_name}.html") as (page, _):
+            page.wait_for_load_state("networkidle")
+            toc = page.evaluate(SECONDARY_TOC_JS)
+        links += toc["links"]
+        assert not toc["clipped"], f"{page_name}: {len(toc['clipped'])} entries cut at the" \
+                                   f" sidebar's edge: {toc['clipped'][:5]}"
+        assert toc["scroll_width"] <= toc["client_width"], (
+            f"{page_name}: the contents scroll sideways: {toc['scroll_width']} px in"
+            f" {toc['client_width']} px")
+    assert links > 300, f"only {links} entries in the API pages' contents"
 
 
 # ------------------------------------------------------------ API reference
@@ -1066,23 +1070,109 @@ def public_api() -> dict[str, list[str]]:
     return names
 
 
-def test_api_page_documents_every_public_name(built_book):
+def api_pages() -> list[str]:
+    """The API reference's module pages (``api/attention``, ...): the sections under
+    api in _toc.yml."""
+    return [page for page in toc_pages() if page.startswith("api/")]
+
+
+def api_page_of(built_book: Path, html_id: str) -> str:
+    """The API page whose HTML has the element ``html_id``
+    (``attnlib.kv_cache.KVCache``, ``module-attnlib.multihead``)."""
+    pages = [page for page in api_pages()
+             if f'id="{html_id}"' in (built_book / f"{page}.html").read_text()]
+    assert len(pages) == 1, f"{html_id} is on {pages}"
+    return pages[0]
+
+
+def test_every_public_name_is_on_exactly_one_api_page(built_book):
+    """The reference is a page per module (api/*.md, under api.md in _toc.yml): each
+    public name of attnlib is documented on one of them, and on one only."""
     import attnlib
 
-    html = (built_book / "api.html").read_text()
-    assert f'id="{attnlib.MultiHeadAttention.__module__}.MultiHeadAttention"' in html
+    pages = {page: (built_book / f"{page}.html").read_text() for page in ["api", *api_pages()]}
+    assert len(pages) >= 20, f"only {len(pages)} API pages: {list(pages)}"
+    multihead = api_page_of(built_book, f"module-{attnlib.MultiHeadAttention.__module__}")
+    assert f'id="{attnlib.MultiHeadAttention.__module__}.MultiHeadAttention"' in pages[multihead]
     names = public_api()
     for name in ["attnlib.exercises.check_multi_head_attention", "attnlib.exercises._common.RTOL",
                  "attnlib.MultiHeadAttention"]:
         assert name in names
-    missing = [name for name, ids in names.items() if not any(f'id="{i}"' in html for i in ids)]
-    assert not missing, f"not on the API page: {missing}"
+    where = {name: [page for page, html in pages.items() if any(f'id="{i}"' in html for i in ids)]
+             for name, ids in names.items()}
+    missing = [name for name, found in where.items() if not found]
+    twice = {name: found for name, found in where.items() if len(found) > 1}
+    assert not missing, f"on no API page: {missing}"
+    assert not twice, f"on more than one API page: {twice}"
+
+
+def test_api_index_lists_every_module_page(built_book):
+    """api.md, where the old one-page reference's links land, is the index: a line
+    with a link for each module page, in the order of _toc.yml."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup((built_book / "api.html").read_text(), "html.parser")
+    article = soup.select_one("article")
+    linked = []
+    for li in article.select("li"):
+        for a in li.select("a.reference.internal"):
+            href = a["href"].split("#")[0].removesuffix(".html")
+            if href.startswith("api/") and href not in linked:
+                linked.append(href)
+    assert linked == api_pages(), f"api.html lists {linked}, _toc.yml has {api_pages()}"
+    sources = sorted(p.relative_to(ROOT).with_suffix("").as_posix()
+                     for p in (ROOT / "api").glob("*.md"))
+    assert sources == sorted(api_pages()), "an api/*.md page is missing from _toc.yml"
+
+
+def test_each_api_page_fits_forty_phone_screens(built_book, server, browser):
+    """The reference on one page was 339,217 px tall on a 390 x 844 phone (402
+    screens); each module's page is under 40."""
+    heights = {}
+    for page_name in ["api", *api_pages()]:
+        context = new_context(browser, viewport=PHONE)
+        try:
+            page = context.new_page()
+            page.goto(f"{server}/{page_name}.html", wait_until="load")
+            page.wait_for_load_state("networkidle")
+            heights[page_name] = page.evaluate("() => document.documentElement.scrollHeight")
+        finally:
+            context.close()
+    print(f"phone heights (px): {heights}")
+    assert min(heights.values()) > PHONE["height"], f"a page did not render: {heights}"
+    tall = {name: h for name, h in heights.items() if h > 40 * PHONE["height"]}
+    assert not tall, f"API pages taller than 40 phone screens ({40 * PHONE['height']} px): {tall}"
+
+
+@pytest.mark.parametrize("html_id", [
+    "attnlib.kv_cache.KVCache",
+    "attnlib.exercises.check_prefix_matching_score",
+    "attnlib.flash_triton.flash_attention_triton",
+    "attnlib.bench.operator_parity",
+    "attnlib.experiments.softmax_jacobian",
+])
+def test_search_finds_an_api_name_on_its_modules_page(built_book, server, browser, html_id):
+    """The search index holds the new pages: searching a public name, the first
+    result from the API reference is the page that documents it (its module's, or
+    the chapters' part of it), linked to the name's entry."""
+    page_name = api_page_of(built_book, html_id)
+    name = html_id.rsplit(".", 1)[1]
+    results, errors = search(browser, server, name)
+    assert not errors, errors
+    hits = [(urlparse(r["href"]).path.lstrip("/"), urlparse(r["href"]).fragment) for r in results]
+    from_api = [(path, fragment) for path, fragment in hits if path.startswith("api")]
+    assert from_api, f"no API page found for {name!r}: {hits[:5]}"
+    assert from_api[0][0] == f"{page_name}.html", (
+        f"{name!r}: first API result {from_api[0]}, expected {page_name}.html; {from_api[:5]}")
+    assert (f"{page_name}.html", html_id) in from_api, (
+        f"{name!r}: no result links #{html_id} on {page_name}.html: {from_api[:5]}")
 
 
 def test_api_page_shows_multi_head_attention_in_a_browser(built_book, server, browser):
     import attnlib
 
-    with desktop_page(browser, f"{server}/api.html") as (page, _):
+    page_name = api_page_of(built_book, f"module-{attnlib.MultiHeadAttention.__module__}")
+    with desktop_page(browser, f"{server}/{page_name}.html") as (page, _):
         heading = page.locator(f'[id="{attnlib.MultiHeadAttention.__module__}.MultiHeadAttention"]')
         assert heading.count() == 1 and heading.is_visible()
         assert "num_heads" in heading.locator("xpath=..").inner_text()
