@@ -93,7 +93,7 @@ torch-floor:
 	    --ignore=tests/test_colab.py --ignore=tests/test_wheel.py \
 	    --ignore=tests/test_interop.py --ignore=tests/test_latent.py \
 	    --ignore=tests/test_linear_attention.py --ignore=tests/test_sinks.py
-	$(FLOOR_VENV)/bin/python _ext/robustness.py --settings native $(NOTEBOOKS)
+	$(FLOOR_VENV)/bin/python _ext/robustness.py $(NOTEBOOKS) --settings native
 
 bench: $(STAMP)
 	$(BIN)/python -m attnlib.bench
