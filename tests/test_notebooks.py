@@ -73,8 +73,8 @@ def test_setup_cell_installs_attnlib_from_the_configured_repository(path):
     assert "-e" not in first.split(), "Colab installs attnlib non-editable"
     assert pip_requirements(first) == ['f"attnlib[plot] @ git+{ATTNLIB_REPO}@{ATTNLIB_REF}"'], (
         "the setup cell installs attnlib and pins nothing else (Colab's torch stays)")
-    assert re.search(r"torch\.__version__[^\n]*< \(2, 1\)", first) and "raise RuntimeError" in first, (
-        "the setup cell checks torch >= 2.1 with a clear error")
+    assert re.search(r"torch\.__version__[^\n]*< \(2, 5\)", first) and "raise RuntimeError" in first, (
+        "the setup cell checks torch >= 2.5 (pyproject's floor) with a clear error")
     assert "remove-cell" in code_cells(nb)[0].metadata.get("tags", []), "setup is hidden in the book"
     # Every notebook's setup cell is the same text, so one fix reaches them all.
     reference = code_cells(nbformat.read(NOTEBOOKS[0], as_version=4))[0].source
