@@ -32,13 +32,14 @@ Shape legend:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ._validation import check_bool, check_input, check_positive_int, type_name
-from .positional import RotaryPositionalEmbedding
+from .positional import RotaryPositionalEmbedding, yarn_mscale
 
 __all__ = ["LatentCache", "MultiHeadLatentAttention"]
 
@@ -147,6 +148,18 @@ class MultiHeadLatentAttention(nn.Module):
     with ``scale = 1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)``; the heads'
     outputs are concatenated and projected by ``out_proj``.
 
+    **YaRN** (``rope_scaling={"rope_type": "yarn", ...}``, as DeepSeek-V3's
+    released configuration: ``factor`` 40, ``original_max_position_embeddings``
+    4096, ``mscale`` = ``mscale_all_dim`` = 1). The RoPE part's frequencies are
+    stretched as :class:`attnlib.RotaryPositionalEmbedding` does for
+    ``"yarn"`` (its cos and sin carry YaRN's ``attention_factor``, here
+    ``mscale(factor, mscale) / mscale(factor, mscale_all_dim)``, 1 for
+    DeepSeek-V3), and, where ``mscale_all_dim`` is given, the whole score
+    (RoPE and non-RoPE parts) is multiplied by ``mscale(factor,
+    mscale_all_dim)^2`` with ``mscale(s, m) = 0.1 m ln(s) + 1``
+    (:func:`attnlib.positional.yarn_mscale`): 1.874 for DeepSeek-V3, which
+    sharpens the softmax as the context stretches.
+
     **Absorbed form** (``forward(..., absorb=True)``). Writing head ``h``'s
     slice of ``W_kv_up`` as ``W_UK[h]`` (``kv_lora_rank -> qk_nope_head_dim``)
     and ``W_UV[h]`` (``kv_lora_rank -> v_head_dim``),
@@ -175,6 +188,11 @@ class MultiHeadLatentAttention(nn.Module):
         q_lora_rank: keyword-only; size of the query latent, or None (default)
             for a full-rank query projection.
         rope_base: keyword-only; RoPE's base. Default 10000.
+        rope_scaling: keyword-only; RoPE's scaling, a dict with ``rope_type``
+            and its options under transformers' ``rope_parameters`` names (as
+            :class:`attnlib.RotaryPositionalEmbedding`'s ``scaling``); with
+            ``"yarn"`` and ``mscale_all_dim``, the score scale is multiplied by
+            ``yarn_mscale(factor, mscale_all_dim)^2`` as well. Default None.
         eps: keyword-only; the RMSNorms' epsilon. Default 1e-6.
 
     Attributes:
@@ -188,6 +206,8 @@ class MultiHeadLatentAttention(nn.Module):
             v_head_dim), bias=False)``; per head, the key rows then the value rows.
         out_proj: ``nn.Linear(num_heads * v_head_dim, d_in, bias=False)``.
         rope: the :class:`attnlib.RotaryPositionalEmbedding` of the RoPE parts.
+        scale: the scores' factor, ``1 / sqrt(qk_head_dim)`` times YaRN's
+            ``mscale^2`` where it applies.
 
     Shape:
         - Input ``x``: ``(batch, num_tokens, d_in)``.
@@ -195,14 +215,18 @@ class MultiHeadLatentAttention(nn.Module):
 
     Raises:
         TypeError: a size is not an int (``q_lora_rank`` may be None).
-        ValueError: a size is not positive or ``qk_rope_head_dim`` is odd.
+        ValueError: a size is not positive or ``qk_rope_head_dim`` is odd; as
+            :class:`attnlib.RotaryPositionalEmbedding` for a bad ``rope_scaling``.
 
     Source: DeepSeek-AI (2024), "DeepSeek-V2: A Strong, Economical, and
     Efficient Mixture-of-Experts Language Model", section 2.1.2 (low-rank
     key-value joint compression, eq. (9)-(11); the absorption of ``W_UK``
     into ``W_Q`` and ``W_UV`` into ``W_O``), section 2.1.3 (decoupled RoPE,
     eq. (12)-(19)); DeepSeek-AI (2024), "DeepSeek-V3 Technical Report",
-    section 2.1.1.
+    section 2.1.1; Peng et al. (2023), "YaRN: Efficient Context Window
+    Extension of Large Language Models", section 3.4 (the attention scale);
+    DeepSeek-V3's ``inference/model.py`` (``softmax_scale * mscale * mscale``)
+    and transformers' ``yarn_apply_mscale``.
     """
 
     def __init__(
@@ -217,6 +241,7 @@ class MultiHeadLatentAttention(nn.Module):
         v_head_dim: int,
         q_lora_rank: int | None = None,
         rope_base: float = 10000.0,
+        rope_scaling: Mapping[str, object] | None = None,
         eps: float = 1e-6,
     ) -> None:
         for name, value in (
@@ -241,7 +266,6 @@ class MultiHeadLatentAttention(nn.Module):
         self.qk_head_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
         self.v_head_dim = int(v_head_dim)
         self.q_lora_rank = None if q_lora_rank is None else int(q_lora_rank)
-        self.scale = 1.0 / math.sqrt(self.qk_head_dim)
         q_out = self.num_heads * self.qk_head_dim
         if self.q_lora_rank is None:
             self.W_query: nn.Linear | None = nn.Linear(d_in, q_out, bias=False)
@@ -259,7 +283,14 @@ class MultiHeadLatentAttention(nn.Module):
         )
         self.out_proj = nn.Linear(self.num_heads * self.v_head_dim, d_in, bias=False)
         self.rope = RotaryPositionalEmbedding(self.qk_rope_head_dim, self.context_length,
-                                              rope_base)
+                                              rope_base, scaling=rope_scaling)
+        self.scale = 1.0 / math.sqrt(self.qk_head_dim)
+        scaling = self.rope.scaling  # the checked options
+        if scaling["rope_type"] == "yarn" and scaling.get("mscale_all_dim"):
+            # YaRN's temperature on the whole score, (0.1 m ln(factor) + 1)^2.
+            mscale = yarn_mscale(float(scaling["factor"]),  # type: ignore[arg-type]
+                                 float(scaling["mscale_all_dim"]))  # type: ignore[arg-type]
+            self.scale *= mscale * mscale
 
     @property
     def cache_numbers_per_token(self) -> int:
@@ -388,4 +419,6 @@ class MultiHeadLatentAttention(nn.Module):
             f"d_in={self.d_in}, num_heads={self.num_heads}, kv_lora_rank={self.kv_lora_rank}, "
             f"q_lora_rank={self.q_lora_rank}, qk_nope_head_dim={self.qk_nope_head_dim}, "
             f"qk_rope_head_dim={self.qk_rope_head_dim}, v_head_dim={self.v_head_dim}"
+            + (f", rope_scaling={self.rope.scaling}"
+               if self.rope.scaling["rope_type"] != "default" else "")
         )

@@ -41,6 +41,7 @@ __all__ = [
     "SinusoidalPositionalEncoding",
     "LearnedPositionalEmbedding",
     "RotaryPositionalEmbedding",
+    "yarn_mscale",
 ]
 
 
@@ -652,12 +653,40 @@ def _scaled_frequencies(
     inv_freq = theta / factor * ramp + theta * (1 - ramp)
     attention = scaling.get("attention_factor")
     if attention is None:
-        def mscale(scale: float, m: float = 1.0) -> float:
-            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
         m_, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
         if m_ and m_all:
-            attention = mscale(factor, float(m_)) / mscale(factor, float(m_all))
+            attention = yarn_mscale(factor, float(m_)) / yarn_mscale(factor, float(m_all))
         else:
-            attention = mscale(factor)
+            attention = yarn_mscale(factor)
     return inv_freq, float(attention)
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature factor, ``0.1 * mscale * ln(factor) + 1``.
+
+    1 for ``factor <= 1`` (no stretch). YaRN multiplies the attention logits
+    by its square (in transformers and here, by scaling RoPE's cos and sin by
+    it, or, for DeepSeek's MLA with ``mscale_all_dim``, the softmax scale by its
+    square): the longer the context is stretched, the sharper the softmax.
+
+    Args:
+        factor: the context's stretch factor (``rope_scaling["factor"]``).
+        mscale: the multiplier of the logarithm. Default 1.
+
+    Returns:
+        The factor, a float.
+
+    Raises:
+        TypeError: an argument is not a real number (a bool is refused).
+        ValueError: an argument is not finite and positive.
+
+    Source: Peng et al. (2023), "YaRN: Efficient Context Window Extension of
+    Large Language Models", section 3.4, eq. (22) (``sqrt(1/t) = 0.1 ln(s) +
+    1``); DeepSeek-V2/V3's ``yarn_get_mscale``.
+    """
+    for name, value in (("factor", factor), ("mscale", mscale)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be a real number, got {type_name(value)}")
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be finite and positive, got {name}={value!r}")
+    return 1.0 if factor <= 1 else 0.1 * float(mscale) * math.log(factor) + 1.0

@@ -22,6 +22,8 @@ Shape legend: ``batch``, ``num_heads``, ``num_tokens`` (queries),
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -33,78 +35,206 @@ from ._validation import (
     check_int,
     check_positive_int,
 )
+from .positional import RotaryPositionalEmbedding
 
 __all__ = ["LightningIndexer", "top_k_mask", "sparse_attention"]
 
 
 class LightningIndexer(nn.Module):
-    r"""The lightning indexer of DeepSeek Sparse Attention.
+    r"""The lightning indexer of DeepSeek Sparse Attention, as DeepSeek-V3.2 defines it.
 
-    ``I[t, s] = sum_j w[t, j] ReLU(q_idx[t, j] . k_idx[s])`` with
-    ``num_index_heads`` query heads ``q_idx``, one key ``k_idx`` per token
-    (shared by the heads, as in multi-query attention) and per-query head
-    weights ``w``, all linear in the input.
+    For a query token ``t`` (at position ``p_t``) and a key token ``s`` (at
+    ``p_s``), with ``H = num_index_heads`` and ``D = index_head_dim``:
+
+    .. code-block:: text
+
+        q[t, j] = RoPE_r(W_query(c_q[t])[j], p_t)     # head j; c_q: the latent query
+        k[s]    = RoPE_r(LayerNorm(W_key(x[s])), p_s)  # one key per token, shared
+        w[t]    = W_weights(x[t]) / sqrt(H)            # one weight per head
+        I[t, s] = sum_j  w[t, j] * ReLU(q[t, j] . k[s] / sqrt(D))
+
+    ``RoPE_r`` rotates only the *first* ``rope_head_dim`` components of a query
+    or key (attnlib's half-split layout, which is also the indexer's layout in
+    DeepSeek's code and in transformers, unlike MLA's interleaved one) and
+    leaves the other ``D - rope_head_dim`` as they are. The queries come from
+    the attention's latent query ``c_q = RMSNorm(x W_query_down)``
+    (``q_lora_rank`` numbers, :class:`attnlib.MultiHeadLatentAttention`'s
+    ``query_norm(W_query_down(x))``), the keys and the head weights from the
+    token ``x`` itself; with ``q_lora_rank=None`` the queries come from ``x``
+    too. The scales ``1 / sqrt(D)`` and ``1 / sqrt(H)`` are those of
+    DeepSeek's inference code; being positive, they change no top-k choice.
+
+    The indexer is itself quadratic: every query scores every earlier key, at
+    ``H * D`` multiply-adds per (query, key) pair (DeepSeek-V3.2: 64 * 128,
+    in FP8), against ``num_heads * (qk_head_dim + v_head_dim)`` for the
+    dense attention it lets the model skip (128 * (192 + 128) in MLA's naive
+    form).
 
     Args:
-        d_in: size of the input embeddings.
-        num_index_heads: indexer heads.
-        index_head_dim: size of an indexer query and key.
+        d_in: size of the input tokens ``x``.
+        context_length: the most positions (RoPE's table).
+        num_index_heads: indexer heads ``H``.
+        index_head_dim: size ``D`` of an indexer query and key.
+        rope_head_dim: keyword-only; the leading components rotated by RoPE
+            (even, at most ``index_head_dim``; DeepSeek-V3.2 uses MLA's
+            ``qk_rope_head_dim``, 64 of 128).
+        q_lora_rank: keyword-only; size of the latent query ``c_q``, or None
+            (default) for queries from ``x``.
+        rope_base: keyword-only; RoPE's base. Default 10000.
+        rope_scaling: keyword-only; RoPE's ``scaling`` (a dict, as
+            :class:`attnlib.RotaryPositionalEmbedding` takes it, e.g. YaRN).
+            Default None.
+        eps: keyword-only; the key LayerNorm's epsilon. Default 1e-6.
 
     Attributes:
-        W_query: ``nn.Linear(d_in, num_index_heads * index_head_dim, bias=False)``.
-        W_key: ``nn.Linear(d_in, index_head_dim, bias=False)``.
-        W_weights: ``nn.Linear(d_in, num_index_heads, bias=False)``.
+        W_query: ``nn.Linear(q_lora_rank or d_in, num_index_heads *
+            index_head_dim, bias=False)`` (transformers' ``wq_b``).
+        W_key: ``nn.Linear(d_in, index_head_dim, bias=False)`` (``wk``).
+        key_norm: ``nn.LayerNorm(index_head_dim, eps)`` (``k_norm``), with
+            gain and bias.
+        W_weights: ``nn.Linear(d_in, num_index_heads, bias=False)``
+            (``weights_proj``).
+        rope: the :class:`attnlib.RotaryPositionalEmbedding` of the first
+            ``rope_head_dim`` components.
 
     Raises:
-        TypeError: a size is not an int.
-        ValueError: a size is not positive.
+        TypeError: a size is not an int (``q_lora_rank`` may be None).
+        ValueError: a size is not positive, or ``rope_head_dim`` is odd or
+            larger than ``index_head_dim``; as
+            :class:`attnlib.RotaryPositionalEmbedding` for ``rope_base`` and
+            ``rope_scaling``.
 
     Source: DeepSeek-AI (2025), "DeepSeek-V3.2-Exp: Boosting Long-Context
-    Efficiency with DeepSeek Sparse Attention", section 2.1, eq. (1).
+    Efficiency with DeepSeek Sparse Attention", section 2.1, eq. (1);
+    DeepSeek-V3.2-Exp's ``inference/model.py`` (class ``Indexer``: the key
+    LayerNorm, the partial non-interleaved RoPE, queries from the latent
+    query); transformers' ``DeepseekV32Indexer``.
     """
 
-    def __init__(self, d_in: int, num_index_heads: int, index_head_dim: int) -> None:
-        check_positive_int("d_in", d_in)
-        check_positive_int("num_index_heads", num_index_heads)
-        check_positive_int("index_head_dim", index_head_dim)
+    def __init__(
+        self,
+        d_in: int,
+        context_length: int,
+        num_index_heads: int,
+        index_head_dim: int,
+        *,
+        rope_head_dim: int,
+        q_lora_rank: int | None = None,
+        rope_base: float = 10000.0,
+        rope_scaling: Mapping[str, object] | None = None,
+        eps: float = 1e-6,
+    ) -> None:
+        for name, value in (
+            ("d_in", d_in), ("context_length", context_length),
+            ("num_index_heads", num_index_heads), ("index_head_dim", index_head_dim),
+            ("rope_head_dim", rope_head_dim),
+        ):
+            check_positive_int(name, value)
+        if q_lora_rank is not None:
+            check_positive_int("q_lora_rank", q_lora_rank)
+        if rope_head_dim % 2 != 0 or rope_head_dim > index_head_dim:
+            raise ValueError(
+                f"rope_head_dim={rope_head_dim} must be even and at most "
+                f"index_head_dim={index_head_dim}"
+            )
         super().__init__()
-        self.d_in, self.num_index_heads = int(d_in), int(num_index_heads)
+        self.d_in, self.context_length = int(d_in), int(context_length)
+        self.num_index_heads = int(num_index_heads)
         self.index_head_dim = int(index_head_dim)
-        self.W_query = nn.Linear(d_in, self.num_index_heads * self.index_head_dim, bias=False)
-        self.W_key = nn.Linear(d_in, self.index_head_dim, bias=False)
-        self.W_weights = nn.Linear(d_in, self.num_index_heads, bias=False)
+        self.rope_head_dim = int(rope_head_dim)
+        self.q_lora_rank = None if q_lora_rank is None else int(q_lora_rank)
+        q_in = self.d_in if self.q_lora_rank is None else self.q_lora_rank
+        self.W_query = nn.Linear(q_in, self.num_index_heads * self.index_head_dim, bias=False)
+        self.W_key = nn.Linear(self.d_in, self.index_head_dim, bias=False)
+        self.key_norm = nn.LayerNorm(self.index_head_dim, eps=eps)
+        self.W_weights = nn.Linear(self.d_in, self.num_index_heads, bias=False)
+        self.rope = RotaryPositionalEmbedding(
+            self.rope_head_dim, self.context_length, rope_base, scaling=rope_scaling
+        )
 
-    def forward(self, x_query: torch.Tensor, x_key: torch.Tensor) -> torch.Tensor:
-        """Index scores of the tokens ``x_key`` for the queries ``x_query``.
+    def _rotate(self, x: torch.Tensor, offset: int) -> torch.Tensor:
+        """RoPE on the first ``rope_head_dim`` components of ``x`` (..., num_tokens, D)."""
+        rotated, rest = x.split([self.rope_head_dim, x.shape[-1] - self.rope_head_dim], -1)
+        return torch.cat([self.rope(rotated, offset=offset), rest], dim=-1)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        q_latent: torch.Tensor | None = None,
+        *,
+        x_key: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Index scores ``I[t, s]`` of the keys ``x_key`` for the queries of ``x``.
 
         Args:
-            x_query: ``(batch, num_tokens, d_in)``, the tokens that query.
-            x_key: ``(batch, num_tokens_kv, d_in)``, the tokens scored (with a
-                cache, the indexer keys would be cached instead).
+            x: ``(batch, num_tokens, d_in)``, the tokens that query (their head
+                weights, and their queries when ``q_lora_rank`` is None).
+            q_latent: ``(batch, num_tokens, q_lora_rank)``, the latent queries
+                ``c_q`` of the same tokens; required when ``q_lora_rank`` is
+                set, refused otherwise.
+            x_key: keyword-only; ``(batch, num_tokens_kv, d_in)``, the tokens
+                scored, at positions ``0 .. num_tokens_kv - 1``; the queries are
+                the last ``num_tokens`` of them (as when decoding with a cache).
+                Default ``x``.
 
         Returns:
-            ``index_scores``: ``(batch, num_tokens, num_tokens_kv)`` (no mask).
+            ``index_scores``: ``(batch, num_tokens, num_tokens_kv)``, not
+            masked (:func:`top_k_mask` applies causality).
 
         Raises:
-            TypeError, ValueError: as ``attnlib._validation.check_input``
-                for either input.
+            TypeError: an input is not a floating-point tensor of the module's
+                dtype.
+            ValueError: an input has the wrong shape, ``q_latent`` is missing
+                or not expected, ``x_key`` has fewer tokens than ``x`` or more
+                than ``context_length``.
         """
-        check_input(x_query, self.d_in, (3,), like=self.W_query.weight)
-        check_input(x_key, self.d_in, (3,), like=self.W_query.weight)
-        b, n, _ = x_query.shape
-        index_queries = self.W_query(x_query).view(
-            b, n, self.num_index_heads, self.index_head_dim
-        )  # (b, num_tokens, num_index_heads, index_head_dim)
-        index_keys = self.W_key(x_key)  # (b, num_tokens_kv, index_head_dim)
-        per_head = F.relu(torch.einsum("bnjd,bsd->bnjs", index_queries, index_keys))
-        # per_head: (b, num_tokens, num_index_heads, num_tokens_kv)
-        weights = self.W_weights(x_query)  # (b, num_tokens, num_index_heads)
-        return torch.einsum("bnj,bnjs->bns", weights, per_head)  # (b, n, num_tokens_kv)
+        check_input(x, self.d_in, (3,), self.context_length, like=self.W_key.weight)
+        if x_key is None:
+            x_key = x
+        else:
+            check_input(x_key, self.d_in, (3,), self.context_length, like=self.W_key.weight)
+        b, n, _ = x.shape
+        n_kv = x_key.shape[1]
+        if x_key.shape[0] != b or n_kv < n:
+            raise ValueError(
+                f"x_key must be (batch={b}, num_tokens_kv >= num_tokens={n}, d_in), "
+                f"got shape {tuple(x_key.shape)}"
+            )
+        if self.q_lora_rank is None:
+            if q_latent is not None:
+                raise ValueError(
+                    "q_latent is given but q_lora_rank=None: the queries come from x"
+                )
+            source = x
+        else:
+            if q_latent is None:
+                raise ValueError(
+                    f"q_lora_rank={self.q_lora_rank}: pass q_latent, the latent queries"
+                )
+            check_float_tensor("q_latent", q_latent, min_ndim=3)
+            if tuple(q_latent.shape) != (b, n, self.q_lora_rank):
+                raise ValueError(
+                    f"q_latent must have shape {(b, n, self.q_lora_rank)}, "
+                    f"got {tuple(q_latent.shape)}"
+                )
+            source = q_latent
+        h, d = self.num_index_heads, self.index_head_dim
+        index_queries = self.W_query(source).view(b, n, h, d).transpose(1, 2)
+        # index_queries: (b, num_index_heads, num_tokens, index_head_dim)
+        index_queries = self._rotate(index_queries, n_kv - n)
+        index_keys = self._rotate(self.key_norm(self.W_key(x_key)), 0)
+        # index_keys: (b, num_tokens_kv, index_head_dim), one per token, shared by the heads
+        per_head = F.relu(
+            torch.einsum("bjnd,bsd->bjns", index_queries, index_keys) * d**-0.5
+        )  # (b, num_index_heads, num_tokens, num_tokens_kv)
+        weights = self.W_weights(x) * h**-0.5  # (b, num_tokens, num_index_heads)
+        return torch.einsum("bnj,bjns->bns", weights, per_head)  # (b, n, num_tokens_kv)
 
     def extra_repr(self) -> str:
         return (
             f"d_in={self.d_in}, num_index_heads={self.num_index_heads}, "
-            f"index_head_dim={self.index_head_dim}"
+            f"index_head_dim={self.index_head_dim}, rope_head_dim={self.rope_head_dim}, "
+            f"q_lora_rank={self.q_lora_rank}"
         )
 
 

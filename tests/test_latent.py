@@ -3,6 +3,8 @@ against Hugging Face's DeepSeek-V3 attention."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import transformers  # a pinned test dependency: no importorskip
@@ -96,7 +98,7 @@ def test_bad_arguments():
 # ---------------------------------------------------------------------------
 
 
-def _hf_mla(dtype: torch.dtype):
+def _hf_mla(dtype: torch.dtype, **extra):
     from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
 
     config = transformers.DeepseekV3Config(
@@ -104,7 +106,7 @@ def _hf_mla(dtype: torch.dtype):
         num_hidden_layers=1, vocab_size=50, intermediate_size=16, moe_intermediate_size=8,
         n_routed_experts=2, num_experts_per_tok=1, n_shared_experts=1,
         first_k_dense_replace=1, max_position_embeddings=64, rope_interleave=True,
-        attn_implementation="eager", **SHAPE,
+        attn_implementation="eager", **SHAPE, **extra,
     )
     torch.manual_seed(1)
     hf = ds.DeepseekV3Attention(config, layer_idx=0)
@@ -116,9 +118,10 @@ def _hf_mla(dtype: torch.dtype):
     return transformers, config, hf, rotary
 
 
-def _copy_from_hf(hf) -> MultiHeadLatentAttention:
+def _copy_from_hf(hf, rope_scaling=None) -> MultiHeadLatentAttention:
     """attnlib's MLA with the weights of Hugging Face's (interleaved RoPE rows permuted)."""
-    mla = MultiHeadLatentAttention(32, 64, 4, q_lora_rank=16, **SHAPE).to(hf.o_proj.weight.dtype)
+    mla = MultiHeadLatentAttention(32, 64, 4, q_lora_rank=16, rope_scaling=rope_scaling,
+                                   **SHAPE).to(hf.o_proj.weight.dtype)
     nope, rope, heads = SHAPE["qk_nope_head_dim"], SHAPE["qk_rope_head_dim"], 4
     # interleaved pairs (0, 1), (2, 3), ... -> half-split pairs (i, i + rope / 2)
     perm = torch.cat([torch.arange(0, rope, 2), torch.arange(1, rope, 2)])
@@ -173,3 +176,71 @@ def test_equals_transformers_deepseek_v3(dtype, atol, absorb):
             parts.append(mla(chunk, kv_cache=cache, absorb=absorb))
     torch.testing.assert_close(torch.cat(hf_parts, 1), expected, rtol=0, atol=atol)
     torch.testing.assert_close(torch.cat(parts, 1), expected, rtol=0, atol=atol)
+
+
+# DeepSeek-V3's released rope_scaling, with the lengths shrunk to this test's: its
+# factor 40 and mscale = mscale_all_dim = 1 (so cos and sin keep their size and the
+# whole score is multiplied by mscale(40)^2 = 1.874); a second case with
+# mscale_all_dim != mscale, where cos and sin are scaled as well.
+YARN_V3 = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0,
+           "original_max_position_embeddings": 8, "mscale": 1.0, "mscale_all_dim": 1.0,
+           "beta_fast": 32.0, "beta_slow": 1.0}
+YARN_UNEQUAL = {**YARN_V3, "factor": 4.0, "mscale_all_dim": 0.707}
+
+
+@pytest.mark.parametrize("rope_scaling", [YARN_V3, YARN_UNEQUAL], ids=["v3", "unequal"])
+@pytest.mark.parametrize("absorb", [False, True])
+def test_yarn_equals_transformers_deepseek_v3(rope_scaling, absorb):
+    dtype = torch.float32
+    transformers, config, hf, rotary = _hf_mla(dtype, rope_parameters=dict(rope_scaling))
+    mla = _copy_from_hf(hf, rope_scaling)
+    mscale = 0.1 * rope_scaling["mscale_all_dim"] * math.log(rope_scaling["factor"]) + 1
+    assert mla.scale == pytest.approx(hf.scaling, rel=1e-12)
+    assert mla.scale == pytest.approx(mscale**2 / 12**0.5, rel=1e-12)
+    attention_factor = (0.1 * math.log(rope_scaling["factor"]) + 1) / mscale
+    assert mla.rope.attention_scaling == pytest.approx(attention_factor, rel=1e-12)
+    torch.testing.assert_close(mla.rope.inv_freq.float(), rotary.inv_freq, rtol=1e-6, atol=0)
+    torch.manual_seed(3)
+    num_tokens = 20  # past the original 8 positions, within the stretched 64
+    x = torch.randn(2, num_tokens, 32, dtype=dtype)
+    with torch.no_grad():
+        expected, _ = hf(x, rotary(x, torch.arange(num_tokens)[None]),
+                         _causal_bias(num_tokens, num_tokens, dtype))
+        got = mla(x, absorb=absorb)
+    torch.testing.assert_close(got, expected, rtol=0, atol=2e-5)
+    # the YaRN scale matters: without mscale^2 the output moves far more than that
+    plain = _copy_from_hf(hf)
+    with torch.no_grad():
+        assert (plain(x, absorb=absorb) - expected).abs().max() > 1e-2
+
+    # A prompt of 12 tokens, then 8 cached decoding steps, both sides.
+    hf_cache = transformers.DynamicCache(config=config)
+    cache = LatentCache()
+    hf_parts, parts = [], []
+    with torch.no_grad():
+        for start, stop in [(0, 12)] + [(t, t + 1) for t in range(12, 20)]:
+            chunk = x[:, start:stop]
+            out, _ = hf(chunk, rotary(chunk, torch.arange(start, stop)[None]),
+                        _causal_bias(stop - start, stop, dtype), cache=hf_cache)
+            hf_parts.append(out)
+            parts.append(mla(chunk, kv_cache=cache, absorb=absorb))
+    torch.testing.assert_close(torch.cat(hf_parts, 1), expected, rtol=0, atol=2e-5)
+    torch.testing.assert_close(torch.cat(parts, 1), expected, rtol=0, atol=2e-5)
+    assert cache.num_tokens == 20
+
+
+def test_yarn_mscale():
+    from attnlib.positional import yarn_mscale
+
+    assert yarn_mscale(40.0) == pytest.approx(0.1 * math.log(40.0) + 1, rel=1e-15)
+    assert yarn_mscale(40.0) ** 2 == pytest.approx(1.874, abs=5e-4)  # DeepSeek-V3
+    assert yarn_mscale(4.0, 0.707) == pytest.approx(0.0707 * math.log(4.0) + 1)
+    assert yarn_mscale(1.0) == 1.0 and yarn_mscale(0.5, 3.0) == 1.0
+    with pytest.raises(TypeError, match="factor must be a real number"):
+        yarn_mscale(True)
+    with pytest.raises(ValueError, match="mscale must be finite and positive"):
+        yarn_mscale(4.0, -1.0)
+    with pytest.raises(ValueError, match="rope_type='nope' is not one of"):
+        MultiHeadLatentAttention(32, 8, 4, kv_lora_rank=4, qk_nope_head_dim=4,
+                                 qk_rope_head_dim=2, v_head_dim=4,
+                                 rope_scaling={"rope_type": "nope"})
