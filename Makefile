@@ -27,9 +27,17 @@ $(STAMP): requirements.txt pyproject.toml
 
 # First the learner notebooks that Colab opens from the repository (notebooks/,
 # _ext/learner_notebooks.py), brought up to date with the chapters.
-book: $(STAMP)
+book: $(STAMP) explorer
 	$(BIN)/python _ext/learner_notebooks.py
 	$(BIN)/jupyter-book build -W -n --keep-going .
+
+# The live explorer of chapters 6 and 10 (explorer/build.py): onnxruntime-web from npm
+# (package-lock.json) and the chapters' models exported by attnlib.export, into
+# explorer/site/explorer. Without npm or a network the book is built without it and
+# says so on the page.
+.PHONY: explorer
+explorer: $(STAMP)
+	$(BIN)/python explorer/build.py
 
 # The book on one HTML page, printed by Chromium (Playwright, offline) with the print
 # rules of _static/print.css. Then the HTML book is brought up to date: its
@@ -40,7 +48,7 @@ pdf: $(STAMP)
 	$(BIN)/python _ext/make_pdf.py _build/pdf-build/_build/singlehtml/intro.html _build/pdf/book.pdf
 	$(MAKE) book
 
-test: $(STAMP) lint
+test: $(STAMP) lint explorer
 	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 # The unit tests, under 3 minutes on 2 cores: tests/ without the tests marked slow,
