@@ -41,9 +41,25 @@ Chapter 9's measurements on a trained RoPE model (:func:`train_rope_induction`):
 :func:`gqa_from_mha_accuracy` (multi-head attention converted to GQA and MQA by
 :func:`mean_pool_kv_heads`, then uptrained).
 
+Chapter 13's measurements: :func:`train_stream_model` trains
+:func:`rope_transformer` (RoPE, optionally with sink logits or QK-norm) on
+:func:`induction_stream`; :func:`streaming_logits` and :func:`position_accuracy`
+run it on a longer stream with a sliding window, with the first tokens kept
+(StreamingLLM), or densely; :func:`attention_logit_max` measures the logits
+QK-norm bounds. :func:`decode_cost` counts the FLOPs and bytes per cached token
+of a decoding step (MHA, GQA, MLA naive and absorbed) for the roofline of
+:func:`attainable_flops`.
+
+Chapter 13's DeepSeek Sparse Attention: :func:`train_dsa_induction` trains a
+model whose attention is :class:`IndexedAttention` densely, warms its lightning
+indexers up by a KL loss to the dense attention, then trains it with top-k
+attention, measuring accuracy, :func:`indexer_agreement` and
+:func:`captured_weight` at each stage (a :class:`DSATraining`); in ``_dsa``.
+
 The code lives by concept in private modules (``_scaling`` for chapter 3,
 ``_initialisation`` for chapter 4, ``_long_context`` for chapter 9,
-``_phase_change`` for chapter 10,
+``_phase_change`` for chapter 10, ``_streaming`` and ``_decode_cost`` for
+chapter 13,
 ``_common`` for what they share); every
 public name is re-exported here, so use ``from attnlib import experiments`` and
 ``experiments.<name>``. The public constants are defined here, before those
@@ -52,6 +68,27 @@ modules are imported, so that they are documented in one place.
 
 from __future__ import annotations
 
+from ._decode_cost import (
+    DECODE_ATTENTION_KINDS as _DECODE_ATTENTION_KINDS,
+)
+from ._decode_cost import (
+    DEEPSEEK_V3_ATTENTION as _DEEPSEEK_V3_ATTENTION,
+)
+from ._decode_cost import (
+    H100_SXM as _H100_SXM,
+)
+from ._decode_cost import (
+    DecodeCost,
+    attainable_flops,
+    decode_cost,
+)
+from ._dsa import (
+    DSATraining,
+    IndexedAttention,
+    captured_weight,
+    indexer_agreement,
+    train_dsa_induction,
+)
 from ._initialisation import (
     INITIALISATIONS as _INITIALISATIONS,
 )
@@ -91,6 +128,15 @@ from ._scaling import (
     softmax_jacobian,
     softmax_peakiness,
 )
+from ._streaming import (
+    StreamTraining,
+    attention_logit_max,
+    induction_stream,
+    position_accuracy,
+    rope_transformer,
+    streaming_logits,
+    train_stream_model,
+)
 
 # Re-bound here so that the API page finds their descriptions (sphinx reads ``#:``
 # comments in the module that lists the names); the values live in _initialisation.
@@ -110,6 +156,21 @@ OPTIMIZERS = _OPTIMIZERS
 #: trained rotation, run past the trained length), then the ``rope_type`` names
 #: of :class:`attnlib.RotaryPositionalEmbedding`'s ``scaling``.
 ROPE_METHODS = _ROPE_METHODS
+
+#: The kinds of attention :func:`decode_cost` counts: ``"mha"``, ``"gqa"``,
+#: ``"mla_naive"`` (the latent up-projected for every cached token) and
+#: ``"mla_absorbed"`` (the up-projections moved onto the query and output).
+DECODE_ATTENTION_KINDS = _DECODE_ATTENTION_KINDS
+
+#: DeepSeek-V3's attention shapes (``deepseek-ai/DeepSeek-V3``'s ``config.json``):
+#: 128 heads, query/key parts of 128 (no position) + 64 (RoPE), values of 128,
+#: a latent of 512; keyword arguments of :func:`decode_cost`.
+DEEPSEEK_V3_ATTENTION = _DEEPSEEK_V3_ATTENTION
+
+#: An NVIDIA H100 SXM by its datasheet: ``peak_flops`` 989.5e12 (dense bfloat16
+#: Tensor Cores, half the rate quoted with sparsity) and
+#: ``hbm_bytes_per_second`` 3.35e12, the numbers of chapter 11's roofline.
+H100_SXM = _H100_SXM
 
 __all__ = [
     "DotProductVariance",
@@ -137,4 +198,22 @@ __all__ = [
     "long_context_accuracy",
     "mean_pool_kv_heads",
     "gqa_from_mha_accuracy",
+    "IndexedAttention",
+    "indexer_agreement",
+    "captured_weight",
+    "DSATraining",
+    "train_dsa_induction",
+    "induction_stream",
+    "rope_transformer",
+    "StreamTraining",
+    "train_stream_model",
+    "streaming_logits",
+    "attention_logit_max",
+    "position_accuracy",
+    "DECODE_ATTENTION_KINDS",
+    "DEEPSEEK_V3_ATTENTION",
+    "H100_SXM",
+    "DecodeCost",
+    "decode_cost",
+    "attainable_flops",
 ]
