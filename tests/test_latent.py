@@ -101,13 +101,14 @@ def test_bad_arguments():
 def _hf_mla(dtype: torch.dtype, **extra):
     from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
 
-    config = transformers.DeepseekV3Config(
+    options = dict(
         hidden_size=32, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=16,
         num_hidden_layers=1, vocab_size=50, intermediate_size=16, moe_intermediate_size=8,
         n_routed_experts=2, num_experts_per_tok=1, n_shared_experts=1,
         first_k_dense_replace=1, max_position_embeddings=64, rope_interleave=True,
-        attn_implementation="eager", **SHAPE, **extra,
+        attn_implementation="eager", **SHAPE,
     )
+    config = transformers.DeepseekV3Config(**{**options, **extra})
     torch.manual_seed(1)
     hf = ds.DeepseekV3Attention(config, layer_idx=0)
     with torch.no_grad():
@@ -185,14 +186,16 @@ def test_equals_transformers_deepseek_v3(dtype, atol, absorb):
 YARN_V3 = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0,
            "original_max_position_embeddings": 8, "mscale": 1.0, "mscale_all_dim": 1.0,
            "beta_fast": 32.0, "beta_slow": 1.0}
-YARN_UNEQUAL = {**YARN_V3, "factor": 4.0, "mscale_all_dim": 0.707}
+YARN_UNEQUAL = {**YARN_V3, "factor": 4.0, "mscale_all_dim": 0.707}  # 8 -> 32 positions
 
 
 @pytest.mark.parametrize("rope_scaling", [YARN_V3, YARN_UNEQUAL], ids=["v3", "unequal"])
 @pytest.mark.parametrize("absorb", [False, True])
 def test_yarn_equals_transformers_deepseek_v3(rope_scaling, absorb):
     dtype = torch.float32
-    transformers, config, hf, rotary = _hf_mla(dtype, rope_parameters=dict(rope_scaling))
+    stretched = int(rope_scaling["factor"] * rope_scaling["original_max_position_embeddings"])
+    transformers, config, hf, rotary = _hf_mla(dtype, rope_parameters=dict(rope_scaling),
+                                               max_position_embeddings=stretched)
     mla = _copy_from_hf(hf, rope_scaling)
     mscale = 0.1 * rope_scaling["mscale_all_dim"] * math.log(rope_scaling["factor"]) + 1
     assert mla.scale == pytest.approx(hf.scaling, rel=1e-12)
@@ -201,7 +204,7 @@ def test_yarn_equals_transformers_deepseek_v3(rope_scaling, absorb):
     assert mla.rope.attention_scaling == pytest.approx(attention_factor, rel=1e-12)
     torch.testing.assert_close(mla.rope.inv_freq.float(), rotary.inv_freq, rtol=1e-6, atol=0)
     torch.manual_seed(3)
-    num_tokens = 20  # past the original 8 positions, within the stretched 64
+    num_tokens = 20  # past the original 8 positions, within the stretched 320 or 32
     x = torch.randn(2, num_tokens, 32, dtype=dtype)
     with torch.no_grad():
         expected, _ = hf(x, rotary(x, torch.arange(num_tokens)[None]),
