@@ -105,7 +105,7 @@ class LightningIndexer(nn.Module):
             ``rope_scaling``.
 
     Source: DeepSeek-AI (2025), "DeepSeek-V3.2-Exp: Boosting Long-Context
-    Efficiency with DeepSeek Sparse Attention", section 2.1, eq. (1);
+    Efficiency with DeepSeek Sparse Attention", section 1 (architecture), eq. (1);
     DeepSeek-V3.2-Exp's ``inference/model.py`` (class ``Indexer``: the key
     LayerNorm, the partial non-interleaved RoPE, queries from the latent
     query); transformers' ``DeepseekV32Indexer``.
@@ -266,7 +266,7 @@ def top_k_mask(index_scores: torch.Tensor, top_k: int, *, causal: bool = True) -
             not an int or ``causal`` not a bool.
         ValueError: ``index_scores`` is not 3-D or ``top_k`` is not positive.
 
-    Source: DeepSeek-AI (2025), "DeepSeek-V3.2-Exp", section 2.1, eq. (2)
+    Source: DeepSeek-AI (2025), "DeepSeek-V3.2-Exp", section 1, eq. (2)
     (the top-k selection of key-value entries).
     """
     check_float_tensor("index_scores", index_scores, min_ndim=3)
@@ -322,7 +322,7 @@ def sparse_attention(
         TypeError: a tensor is not floating point, ``top_k`` is not an int.
         ValueError: the shapes do not fit together or ``top_k`` is not positive.
 
-    Source: DeepSeek-AI (2025), "DeepSeek-V3.2-Exp", section 2.1, eq. (2).
+    Source: DeepSeek-AI (2025), "DeepSeek-V3.2-Exp", section 1, eq. (2).
     """
     for name, t in (("queries", queries), ("keys", keys), ("values", values)):
         check_float_tensor(name, t, min_ndim=4)

@@ -1,8 +1,8 @@
 """Chapter 13's DeepSeek Sparse Attention at toy scale: a lightning indexer taught
 to follow a trained model's attention, then top-k training.
 
-DeepSeek-V3.2 is DeepSeek-V3.1 with a lightning indexer added to every attention
-layer and trained in two stages (DeepSeek-AI 2025, section 2.2):
+DeepSeek-V3.2-Exp is DeepSeek-V3.1-Terminus with a lightning indexer in every attention
+layer and trained in two stages (DeepSeek-AI 2025, section 2.1, "continued pre-training"):
 
 1. *dense warm-up*: the model keeps its dense attention and is frozen; only the
    indexer learns, by the KL divergence from the main attention's distribution
@@ -91,8 +91,8 @@ class IndexedAttention(nn.Module):
         ValueError: a size is not positive or ``d_model`` is not divisible by
             ``num_heads``.
 
-    Source: DeepSeek-AI (2025), "DeepSeek-V3.2-Exp", section 2.1 (the indexer
-    and the top-k selection) and section 2.2 (the KL losses of the dense
+    Source: DeepSeek-AI (2025), "DeepSeek-V3.2-Exp", section 1 (the indexer
+    and the top-k selection) and section 2.1 (the KL losses of the dense
     warm-up and of sparse training; the detached indexer input).
     """
 
@@ -389,7 +389,7 @@ def train_dsa_induction(
             :func:`attnlib.data.induction_batch` for the task's sizes.
 
     Source: DeepSeek-AI (2025), "DeepSeek-V3.2-Exp: Boosting Long-Context
-    Efficiency with DeepSeek Sparse Attention", section 2.2 (continued
+    Efficiency with DeepSeek Sparse Attention", section 2.1 (continued
     pre-training: dense warm-up stage, eq. (3); sparse training stage, eq. (4)).
     """
     for name, value in (("d_model", d_model), ("num_heads", num_heads),
