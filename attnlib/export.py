@@ -56,9 +56,10 @@ __all__ = [
 #: outputs and PyTorch's (float32; the book's browser test holds the page to it too).
 EXPORT_ATOL = 1e-5
 
-#: Chapter 10's induction task and models: prefix length P, repetition length R,
-#: vocabulary size, model width, heads, training steps, learning rate and seeds
-#: (the model's initial weights, the batches, and the held-out test batch).
+#: Chapter 10's induction task and models, as the chapter sets them up (prefix
+#: length P, repetition length R, vocabulary size, model width, heads, training
+#: steps, batch size, learning rate, and the seeds of the initial weights, the
+#: batches and the held-out test batch).
 CHAPTER_10_INDUCTION: dict[str, int | float] = {
     "prefix_len": 16,
     "repeat_len": 8,
