@@ -38,12 +38,14 @@ TOLERANCE = 1e-5  # issue 32: the page against attnlib in PyTorch
 PAGE = """<!DOCTYPE html>
 <html lang="en" data-theme="{theme}"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<link rel="stylesheet" href="explorer/explorer.css"><title>explorer</title></head>
+<link rel="stylesheet" href="explorer/explorer.css">
+<link rel="stylesheet" href="explorer-print.css"><title>explorer</title></head>
 <body style="margin: 0 16px">
 <div class="attn-explorer" data-explorer="induction" id="induction">
 <p>The live explorer needs JavaScript.</p></div>
 <div class="attn-explorer" data-explorer="journey" id="journey">
 <p>The live explorer needs JavaScript.</p></div>
+<div class="cell tag_explorer-still" id="still"><img alt="a still" src="data:,"></div>
 <script src="explorer/explorer.js"></script>
 </body></html>
 """
@@ -100,6 +102,7 @@ def site(tmp_path_factory, models):
     meta = write_explorer_models(target / "models", models=models)
     meta["onnxruntime_web"] = "test"
     (target / "models" / "models.json").write_text(json.dumps(meta))
+    shutil.copy2(ROOT / "_static" / "explorer-print.css", root / "explorer-print.css")
     for theme in ("light", "dark"):
         (root / f"{theme}.html").write_text(PAGE.format(theme=theme))
     # The same page where make book could not install onnxruntime-web.
@@ -108,6 +111,7 @@ def site(tmp_path_factory, models):
     meta["onnxruntime_web"] = None
     (offline / "explorer" / "models" / "models.json").write_text(json.dumps(meta))
     (offline / "index.html").write_text(PAGE.format(theme="light"))
+    shutil.copy2(ROOT / "_static" / "explorer-print.css", offline / "explorer-print.css")
     return root
 
 
@@ -303,6 +307,11 @@ def test_dark_mode_and_the_offline_build(browser, server, site):
         "getComputedStyle(document.getElementById('induction'))"
         ".getPropertyValue('--attn-highlight').trim()")
     assert highlight == "#ff9f5a"  # the light theme's #d55e00 is too dark on black
+    display = "sel => getComputedStyle(document.querySelector(sel)).display"
+    assert page.evaluate(display, "#still") == "none"  # the live explorer replaces it
+    page.emulate_media(media="print")  # _static/explorer-print.css: paper gets the still
+    assert page.evaluate(display, "#induction") == "none"
+    assert page.evaluate(display, "#still") == "block"
     context.close()
     assert not problems, problems
     context, page, problems = _open(browser, f"{server}/offline/index.html")
@@ -311,5 +320,28 @@ def test_dark_mode_and_the_offline_build(browser, server, site):
     assert "onnxruntime-web could not be installed" in text and "still figure" in text
     assert page.evaluate("document.documentElement.classList.contains('attn-explorer-live')") \
         is False
+    assert page.evaluate("getComputedStyle(document.getElementById('still')).display") == "block"
     context.close()
     assert not problems, problems
+
+
+CHAPTERS = {"06_multi_head_attention": "journey", "10_watching_attention_learn": "induction"}
+
+
+@pytest.mark.parametrize("chapter", sorted(CHAPTERS))
+def test_chapters_embed_the_explorer_and_print_a_still_that_points_to_it(chapter):
+    import nbformat
+
+    nb = nbformat.read(ROOT / "chapters" / f"{chapter}.ipynb", as_version=4)
+    embeds = [c for c in nb.cells if c.cell_type == "markdown"
+              and f'<div class="attn-explorer" data-explorer="{CHAPTERS[chapter]}">' in c.source]
+    assert len(embeds) == 1
+    stills = [c for c in nb.cells if "explorer-still" in c.metadata.get("tags", [])]
+    assert len(stills) == 1
+    figure = stills[0].metadata["mystnb"]
+    assert "web page" in figure["figure"]["caption"]
+    assert len(figure["image"]["alt"]) > 40
+    assert "remove-input" in stills[0].metadata["tags"]
+    assert any("image/png" in o.get("data", {}) for o in stills[0].outputs)
+    # The still follows the explorer, as the explorer's fallback text says.
+    assert nb.cells.index(embeds[0]) < nb.cells.index(stills[0])
