@@ -271,7 +271,7 @@ def _good(n=8, d=16, dtype=torch.float32):
          "head_dim must be a power of two from 16 to 128.*head_dim=8"),
         (lambda q, k, v: (q, k, v[..., :8]), ValueError, "value must have the query's head_dim"),
         (lambda q, k, v: (q, k[..., :3, :], v), ValueError, "num_tokens_kv"),
-        (lambda q, k, v: (q, k[:, :1], v[:, :1]), ValueError, "leading"),
+        (lambda q, k, v: (q, torch.cat([k, k]), torch.cat([v, v])), ValueError, "leading"),
         (lambda q, k, v: (q, k.to("meta"), v), ValueError, "one device"),
         (lambda q, k, v: (q.to("meta"), k.to("meta"), v.to("meta")), ValueError,
          "CUDA tensors, or on CPU tensors"),
