@@ -8,7 +8,9 @@
   "use strict";
   function load() {
     if (!document.querySelector(".attn-explorer[data-explorer]")) return;
-    const options = window.DOCUMENTATION_OPTIONS || {};
+    // Sphinx declares DOCUMENTATION_OPTIONS with const: a global binding, not a
+    // property of window.
+    const options = typeof DOCUMENTATION_OPTIONS === "undefined" ? {} : DOCUMENTATION_OPTIONS;
     if (options.BUILDER === "singlehtml") return;
     const root = document.documentElement.dataset.content_root || "";
     const css = document.createElement("link");

@@ -51,6 +51,14 @@ PAGE = """<!DOCTYPE html>
 """
 
 
+LOADER_PAGE = """<!DOCTYPE html>
+<html lang="en" data-content_root=""><head><meta charset="utf-8"><title>loader</title>
+<script>const DOCUMENTATION_OPTIONS = {{BUILDER: "{builder}"}};</script>
+<script src="explorer-loader.js"></script></head>
+<body><div class="attn-explorer" data-explorer="journey" id="journey"></div></body></html>
+"""
+
+
 def _missing(what: str) -> None:
     if REQUIRED:
         pytest.fail(what, pytrace=False)
@@ -103,6 +111,9 @@ def site(tmp_path_factory, models):
     meta["onnxruntime_web"] = "test"
     (target / "models" / "models.json").write_text(json.dumps(meta))
     shutil.copy2(ROOT / "_static" / "explorer-print.css", root / "explorer-print.css")
+    shutil.copy2(ROOT / "_static" / "explorer-loader.js", root / "explorer-loader.js")
+    for builder in ("html", "singlehtml"):  # as Sphinx's documentation_options.js declares it
+        (root / f"loader-{builder}.html").write_text(LOADER_PAGE.format(builder=builder))
     for theme in ("light", "dark"):
         (root / f"{theme}.html").write_text(PAGE.format(theme=theme))
     # The same page where make book could not install onnxruntime-web.
@@ -321,6 +332,22 @@ def test_dark_mode_and_the_offline_build(browser, server, site):
     assert page.evaluate("document.documentElement.classList.contains('attn-explorer-live')") \
         is False
     assert page.evaluate("getComputedStyle(document.getElementById('still')).display") == "block"
+    context.close()
+    assert not problems, problems
+
+
+@pytest.mark.slow
+def test_the_loader_starts_the_explorer_but_not_in_the_pdfs_one_page_build(browser, server):
+    context, page, problems = _open(browser, f"{server}/loader-html.html")
+    page.wait_for_selector("#journey[data-state=ready]")
+    context.close()
+    assert not problems, problems
+    context, page, problems = _open(browser, f"{server}/loader-singlehtml.html")
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+    page.reload(wait_until="networkidle")
+    assert not [r for r in requests if "/explorer/" in r], requests
+    assert page.get_attribute("#journey", "data-state") is None
     context.close()
     assert not problems, problems
 
