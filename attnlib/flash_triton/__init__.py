@@ -60,6 +60,7 @@ autotuning, input checks, launch settings, the tile schedule in Python) and
 
 # The private names are re-exported for the chapter, which prints the kernels, and for
 # the tests and exercises, which reach into the launch machinery.
+from . import _launch
 from ._api import (  # noqa: F401
     _backward,
     _FlashAttentionTritonFunction,
@@ -81,11 +82,7 @@ from ._kernels import (  # noqa: F401
     _visible,
 )
 from ._launch import (  # noqa: F401
-    AUTOTUNE_CONFIGS,
-    CAUSAL_ALIGNMENTS,
-    HEAD_DIMS,
     LOG2_E,
-    SUPPORTED_DTYPES,
     _check_inputs,
     _import_triton,
     _imported_interpreted,
@@ -99,3 +96,17 @@ from ._launch import (  # noqa: F401
 __all__ = ["AUTOTUNE_CONFIGS", "CAUSAL_ALIGNMENTS", "HEAD_DIMS", "SUPPORTED_DTYPES",
            "autotuned_configs", "flash_attention_triton", "flash_attention_triton_forward",
            "tile_counts"]
+
+# The constants live in ._launch, where the code reads them; each is re-bound here with
+# its documentation, for the API page.
+SUPPORTED_DTYPES = _launch.SUPPORTED_DTYPES
+"""The input dtypes the kernels take; accumulation is always float32."""
+
+HEAD_DIMS = _launch.HEAD_DIMS
+"""The head sizes the kernels take (``tl.arange`` needs a power of two, ``tl.dot`` at least 16)."""
+
+CAUSAL_ALIGNMENTS = _launch.CAUSAL_ALIGNMENTS
+"""``causal_alignment``'s values: ``"top_left"`` (torch's ``is_causal``) and ``"bottom_right"``."""
+
+AUTOTUNE_CONFIGS = _launch.AUTOTUNE_CONFIGS
+"""``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` that ``autotune=True`` times on a GPU."""
