@@ -72,21 +72,39 @@ def built_book() -> Path:
             f"{result.stdout[-6000:]}\n{result.stderr[-6000:]}",
             pytrace=False,
         )
+    page_soup.cache_clear()  # pages parsed before this build are stale
     return HTML
 
 
-def test_book_builds_every_page_of_the_toc(built_book):
+@functools.cache
+def page_soup(path: Path):
+    """The built page at ``path``, parsed once for all the tests that read it.
+
+    html.parser takes seconds for the book's 6 MB of pages, and CPU-bound seconds
+    add up on a busy CI machine: each page was parsed by four tests. The soup is
+    shared, so a test must not change it (no ``decompose``, no ``extract``).
+    """
     from bs4 import BeautifulSoup
 
+    return BeautifulSoup(path.read_text(), "html.parser")
+
+
+def text_outside(soup, selector: str) -> str:
+    """``soup.get_text()`` as it would be with the elements ``selector`` matches
+    removed, without changing the shared soup."""
+    left_out = {id(element) for element in soup.select(selector)}
+    return "".join(text for text in soup.strings
+                   if not any(id(parent) in left_out for parent in text.parents))
+
+
+def test_book_builds_every_page_of_the_toc(built_book):
     for page in toc_pages():
         html = built_book / f"{page}.html"
         assert html.is_file(), f"{page} is in _toc.yml but {html} was not built"
-        soup = BeautifulSoup(html.read_text(), "html.parser")
         # An exercise's check cell fails until the learner fills the stub: it is
         # tagged raises-exception (myst-nb: class tag_raises-exception). No other.
-        for cell in soup.select("div.cell.tag_raises-exception"):
-            cell.decompose()
-        assert "Traceback (most recent call last)" not in soup.get_text(), f"{page}: a cell failed"
+        text = text_outside(page_soup(html), "div.cell.tag_raises-exception")
+        assert "Traceback (most recent call last)" not in text, f"{page}: a cell failed"
     assert (built_book / "_static" / "mathjax" / "tex-chtml.js").is_file(), "MathJax is not served locally"
     reports = built_book / "reports"
     assert not reports.exists() or not any(reports.iterdir()), f"execution reports in {reports}"
@@ -97,11 +115,9 @@ def test_book_builds_every_page_of_the_toc(built_book):
 
 def local_links(built_book: Path) -> list[tuple[str, str]]:
     """(page, href) for every link of every built page that stays in the book."""
-    from bs4 import BeautifulSoup
-
     links = []
     for rel in all_pages(built_book):
-        soup = BeautifulSoup((built_book / rel).read_text(), "html.parser")
+        soup = page_soup(built_book / rel)
         for tag in soup.select("a[href], link[href], img[src], script[src]"):
             href = tag.get("href") or tag.get("src")
             if urlparse(href).scheme or href.startswith(("//", "mailto:", "javascript:")):
@@ -113,13 +129,11 @@ def local_links(built_book: Path) -> list[tuple[str, str]]:
 def test_every_local_link_resolves(built_book):
     """A reader never follows a link to a file or an anchor that is not there (the
     introduction's PDF link after ``make book`` alone, a label on the wrong section)."""
-    from bs4 import BeautifulSoup
-
     ids: dict[Path, set[str]] = {}
 
     def anchors(path: Path) -> set[str]:
         if path not in ids:
-            soup = BeautifulSoup(path.read_text(), "html.parser")
+            soup = page_soup(path)
             ids[path] = {t.get("id") for t in soup.find_all(id=True)} | {
                 t.get("name") for t in soup.find_all(attrs={"name": True})}
         return ids[path]
@@ -143,11 +157,9 @@ def test_every_local_link_resolves(built_book):
 def test_every_page_names_its_favicon(built_book):
     """Without an icon of its own a page makes the browser ask for /favicon.ico, a 404
     in the console. (That the file is there: test_every_local_link_resolves.)"""
-    from bs4 import BeautifulSoup
-
     missing = []
     for rel in all_pages(built_book):
-        soup = BeautifulSoup((built_book / rel).read_text(), "html.parser")
+        soup = page_soup(built_book / rel)
         if soup.select_one("meta[http-equiv='Refresh' i]"):
             continue  # index.html: a redirect to the introduction, never shown
         if not soup.select_one("link[rel~='icon'][href$='favicon.svg']"):
@@ -512,11 +524,9 @@ def test_downloads_give_the_learner_notebooks(built_book):
     source, which has every solution under its exercise."""
     import zipfile
 
-    from bs4 import BeautifulSoup
-
     for page in CHAPTERS:
         name = Path(page).name + ".ipynb"
-        soup = BeautifulSoup((built_book / f"{page}.html").read_text(), "html.parser")
+        soup = page_soup(built_book / f"{page}.html")
         # The book's own files (the Colab button is tested above; "suggest edit" is
         # the source on GitHub).
         links = {a["href"] for a in soup.select(".bd-header-article a[href$='.ipynb']")
@@ -1113,9 +1123,7 @@ def test_every_public_name_is_on_exactly_one_api_page(built_book):
 def test_api_index_lists_every_module_page(built_book):
     """api.md, where the old one-page reference's links land, is the index: a line
     with a link for each module page, in the order of _toc.yml."""
-    from bs4 import BeautifulSoup
-
-    soup = BeautifulSoup((built_book / "api.html").read_text(), "html.parser")
+    soup = page_soup(built_book / "api.html")
     article = soup.select_one("article")
     linked = []
     for li in article.select("li"):
@@ -1249,9 +1257,7 @@ def test_pdf_link_follows_the_pdf(tmp_path, pdf_exists):
 
 def test_instructors_page_shows_what_its_examples_print(built_book):
     """The page's code runs at every build; what it prints is what the text promises."""
-    from bs4 import BeautifulSoup
-
-    soup = BeautifulSoup((built_book / "instructors.html").read_text(), "html.parser")
+    soup = page_soup(built_book / "instructors.html")
     outputs = "\n".join(o.get_text() for o in soup.select("div.cell_output"))
     import attnlib.exercises as ex
 
