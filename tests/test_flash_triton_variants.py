@@ -137,7 +137,7 @@ def test_the_reference_masks_are_attnlibs(n_q, n_kv):
 
 
 @pytest.mark.parametrize("sinks", [False, True])
-@pytest.mark.parametrize("groups", [4, 2, 1])
+@pytest.mark.parametrize("groups", [4, 1])  # 2 below: bottom-right, float16, the rivals
 @pytest.mark.parametrize("is_causal, window", [(False, None), (True, None), (True, 7),
                                                (False, 20)])
 @pytest.mark.parametrize("n_q, n_kv", [(37, 37), (21, 45)])
