@@ -1,4 +1,5 @@
-"""pytest hooks for the whole run: the order in which xdist hands out the files.
+"""pytest hooks for the whole run: the order in which xdist hands out the files, and
+OpenMP threads that sleep while they wait.
 
 ``make test`` runs ``pytest -n 2 --dist loadfile``: each file (each notebook under
 nbval) goes whole to one of two workers, which asks for the next file when it is
@@ -17,7 +18,19 @@ its running time.
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# An OpenMP thread that waits for work sleeps at once instead of spinning first
+# (libgomp's default). Two workers with _ext/numerics.env's two threads each share
+# 2 cores, and more with other load: a spinning thread holds a core that another
+# process needs. Set here, before anything loads torch; nbval's kernels and the
+# tests' subprocesses inherit it. The arithmetic is the same (same threads, same
+# split of the work). A 100-step AdamW loop, two at once under a load of about 20:
+# 126 and 148 s with the default (12.6 and 14.3 s of CPU), 1.1 and 4.7 s with
+# PASSIVE (3.7 and 3.8 s of CPU, the import included), the same loss to the last bit.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 #: Seconds a file takes on a quiet 2-core machine, worker's wall clock, for the
 #: files that take much longer than their number of tests says. From the ranking of
