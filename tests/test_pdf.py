@@ -700,11 +700,12 @@ def test_the_api_reference_is_compact_on_paper(pdf_text):
     reader, text, _ = pdf_text
     tops = [(squash(title), page) for title, page, _ in outline_tree(reader)]
     start = next(i for i, (title, _) in enumerate(tops) if title.startswith(squash("API reference")))
-    # The module pages (titled `attnlib.x...`) may follow the index as bookmarks of their own:
-    # the reference ends at the first bookmark after them.
-    after = [page for title, page in tops[start + 1:] if "attnlib." not in title]
+    # The module pages (titled `attnlib`, `attnlib.x...`) follow the index as bookmarks of
+    # their own: the reference ends at the first bookmark after them.
+    after = [page for title, page in tops[start + 1:] if not title.startswith("attnlib")]
     end = after[0] if after else len(reader.pages) + 1
     pages = end - tops[start][1]
     print(f"API reference: {pages} pages of {len(reader.pages)}")
     assert squash("On paper, each name has its signature") in squash(text)
+    assert tops[start + 1][0].startswith("attnlib"), "no module page after the index"
     assert pages <= 90, f"the API reference takes {pages} pages"
