@@ -83,24 +83,27 @@ execute: $(STAMP)
 robustness: $(STAMP)
 	$(BIN)/python _ext/robustness.py $(NOTEBOOKS)
 
-# attnlib's torch floor (pyproject.toml: torch>=2.5), checked: a virtual environment
-# with that torch runs the unit tests and every notebook (outputs not compared). PyPI
-# has no CPU build of torch for Linux x86-64, so this downloads a CUDA build (about
-# 2.5 GB, minutes). numpy 1.26 there: the floor's Triton (3.1) interpreter predates
-# numpy 2. Left out: the tests that build Hugging Face models (transformers 5 needs a
-# newer torch; it is a test dependency, not attnlib's) and the book, PDF and Colab tests.
-TORCH_FLOOR := 2.5.1
+# The torch floor (pyproject.toml: torch>=2.12), checked: a virtual environment with
+# that torch, .venv-torch-2.12.0, runs the unit tests and every notebook (outputs not
+# compared). Below it, chapter 11 fails: it reads the profiler's
+# FunctionEvent.input_dtypes, new in 2.12. Another version, in an environment of its
+# own: make torch-floor TORCH_FLOOR=2.13.0.
+# PyPI has no CPU build of torch for Linux x86-64, so this downloads a CUDA build
+# (about 3 GB, minutes), whose Triton runs chapter 11's kernel. The test dependencies
+# transformers, onnx and onnxruntime are requirements.txt's. Left out: the tests of the
+# book, PDF, instructors' page (its tools), Colab and wheel.
+TORCH_FLOOR := 2.12.0
 FLOOR_VENV  := .venv-torch-$(TORCH_FLOOR)
 torch-floor:
 	test -x $(FLOOR_VENV)/bin/python || $(PYTHON) -m venv $(FLOOR_VENV)
-	$(FLOOR_VENV)/bin/python -m pip install --quiet torch==$(TORCH_FLOOR) "numpy<2" \
+	$(FLOOR_VENV)/bin/python -m pip install --quiet torch==$(TORCH_FLOOR) \
+	    $(shell grep -E '^(transformers|onnx|onnxruntime)==' requirements.txt) \
 	    matplotlib tqdm pytest pytest-xdist hypothesis nbclient nbformat ipykernel pyyaml
 	$(FLOOR_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	$(FLOOR_VENV)/bin/python -m pytest -n 2 -o addopts="-ra -p no:cacheprovider" \
 	    -m "not slow" tests --ignore=tests/test_book.py --ignore=tests/test_pdf.py \
 	    --ignore=tests/test_colab.py --ignore=tests/test_wheel.py \
-	    --ignore=tests/test_interop.py --ignore=tests/test_latent.py \
-	    --ignore=tests/test_linear_attention.py --ignore=tests/test_sinks.py
+	    --ignore=tests/test_instructors.py
 	$(FLOOR_VENV)/bin/python _ext/robustness.py $(NOTEBOOKS) --settings native
 
 bench: $(STAMP)

@@ -39,6 +39,13 @@ def code_cells(nb):
     return [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
 
 
+def torch_floor() -> tuple[int, int]:
+    """The oldest torch the course claims: pyproject.toml's ``torch>=X.Y`` (make torch-floor)."""
+    match = re.search(r'"torch>=(\d+)\.(\d+)"', (ROOT / "pyproject.toml").read_text())
+    assert match, "pyproject.toml's dependencies name torch>=X.Y"
+    return int(match[1]), int(match[2])
+
+
 def test_there_are_chapters():
     assert len(NOTEBOOKS) >= 2
 
@@ -73,13 +80,34 @@ def test_setup_cell_installs_attnlib_from_the_configured_repository(path):
     assert "-e" not in first.split(), "Colab installs attnlib non-editable"
     assert pip_requirements(first) == ['f"attnlib[plot] @ git+{ATTNLIB_REPO}@{ATTNLIB_REF}"'], (
         "the setup cell installs attnlib and pins nothing else (Colab's torch stays)")
-    assert re.search(r"torch\.__version__[^\n]*< \(2, 5\)", first) and "raise RuntimeError" in first, (
-        "the setup cell checks torch >= 2.5 (pyproject's floor) with a clear error")
+    major, minor = torch_floor()
+    assert re.search(rf"torch\.__version__[^\n]*< \({major}, {minor}\)", first), (
+        f"the setup cell checks torch >= {major}.{minor}, pyproject's floor")
+    assert "raise RuntimeError" in first and f"needs torch {major}.{minor} or newer" in first, (
+        "a torch below the floor stops the notebook with a clear error")
     assert "remove-cell" in code_cells(nb)[0].metadata.get("tags", []), "setup is hidden in the book"
     # Every notebook's setup cell is the same text, so one fix reaches them all.
     reference = code_cells(nbformat.read(NOTEBOOKS[0], as_version=4))[0].source
     assert first == reference
     assert not code_cells(nb)[0].outputs, "the setup cell prints nothing locally"
+
+
+def test_the_torch_floor_is_the_same_wherever_it_is_stated():
+    """pyproject's floor is the one the README, CONTRIBUTING.md, the instructors' page and
+    make torch-floor (which checks it: unit tests and every notebook) state."""
+    floor = "{}.{}".format(*torch_floor())
+    checked = re.search(r"^TORCH_FLOOR\s*:?=\s*(\S+)", (ROOT / "Makefile").read_text(), re.M)
+    assert checked and checked[1].startswith(f"{floor}."), (
+        f"make torch-floor checks torch {checked and checked[1]}, not the floor {floor}")
+    readme = (ROOT / "README.md").read_text()
+    assert f"`torch>={floor}`" in readme and f"({checked[1]}," in readme, (
+        "the README's install line and its make torch-floor sentence name the floor")
+    assert f"`torch>={floor}`" in (ROOT / "CONTRIBUTING.md").read_text()
+    assert f"torch {floor} or newer" in (ROOT / "instructors.md").read_text()
+    stated = re.findall(r"torch ?>= ?(\d+\.\d+)|torch (\d+\.\d+) or newer",
+                        readme + (ROOT / "CONTRIBUTING.md").read_text()
+                        + (ROOT / "instructors.md").read_text())
+    assert {a or b for a, b in stated} == {floor}, f"another floor is stated: {stated}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
