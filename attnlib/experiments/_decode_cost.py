@@ -43,8 +43,8 @@ DEEPSEEK_V3_ATTENTION = {
     "kv_lora_rank": 512,
 }
 
-#: An NVIDIA H100 SXM by its datasheet: dense bfloat16 Tensor Core rate (half
-#: the 1979 TFLOP/s quoted "with sparsity") and HBM3 bandwidth, as chapter 11
+#: An NVIDIA H100 SXM by its datasheet, the dense bfloat16 Tensor Core rate (half
+#: the 1979 TFLOP/s quoted "with sparsity") and the HBM3 bandwidth, as chapter 11
 #: uses them.
 H100_SXM = {"peak_flops": 989.5e12, "hbm_bytes_per_second": 3.35e12}
 
@@ -68,7 +68,7 @@ class DecodeCost:
 
     @property
     def intensity(self) -> float:
-        """FLOPs per byte of cache read: ``flops / cache_bytes``."""
+        """The FLOPs per byte of cache read, ``flops / cache_bytes``."""
         return self.flops / self.cache_bytes
 
 
