@@ -162,12 +162,12 @@ ROPE_METHODS = _ROPE_METHODS
 #: ``"mla_absorbed"`` (the up-projections moved onto the query and output).
 DECODE_ATTENTION_KINDS = _DECODE_ATTENTION_KINDS
 
-#: DeepSeek-V3's attention shapes (``deepseek-ai/DeepSeek-V3``'s ``config.json``):
-#: 128 heads, query/key parts of 128 (no position) + 64 (RoPE), values of 128,
+#: DeepSeek-V3's attention shapes, from ``deepseek-ai/DeepSeek-V3``'s
+#: ``config.json``, 128 heads, query/key parts of 128 (no position) + 64 (RoPE), values of 128,
 #: a latent of 512; keyword arguments of :func:`decode_cost`.
 DEEPSEEK_V3_ATTENTION = _DEEPSEEK_V3_ATTENTION
 
-#: An NVIDIA H100 SXM by its datasheet: ``peak_flops`` 989.5e12 (dense bfloat16
+#: An NVIDIA H100 SXM by its datasheet, ``peak_flops`` 989.5e12 (dense bfloat16
 #: Tensor Cores, half the rate quoted with sparsity) and
 #: ``hbm_bytes_per_second`` 3.35e12, the numbers of chapter 11's roofline.
 H100_SXM = _H100_SXM

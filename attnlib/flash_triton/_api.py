@@ -344,9 +344,9 @@ def flash_attention_triton_forward(
         query, key, value: ``(batch, num_heads, num_tokens, head_dim)`` tensors
             of one dtype, float16, bfloat16 or float32 (key and value may have
             ``num_kv_groups`` heads), as for :func:`flash_attention_triton`.
-        is_causal, scale, window, sinks, causal_alignment, block_m, block_n,
-            num_warps, num_stages, autotune: as for
-            :func:`flash_attention_triton`.
+        is_causal: as for :func:`flash_attention_triton`; so are ``scale``,
+            ``window``, ``sinks``, ``causal_alignment``, ``block_m``, ``block_n``,
+            ``num_warps``, ``num_stages`` and ``autotune``.
 
     Returns:
         ``(context_vec, logsumexp)``: ``context_vec``
