@@ -85,7 +85,7 @@ from .positional import (
 from .source import expect, show_source
 from .viz import plot_attention
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = [
     "CausalAttention",
