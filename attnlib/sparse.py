@@ -67,8 +67,10 @@ class LightningIndexer(nn.Module):
     The indexer is itself quadratic: every query scores every earlier key, at
     ``H * D`` multiply-adds per (query, key) pair (DeepSeek-V3.2: 64 * 128,
     in FP8), against ``num_heads * (qk_head_dim + v_head_dim)`` for the
-    dense attention it lets the model skip (128 * (192 + 128) in MLA's naive
-    form).
+    dense attention it lets the model skip once keys and values are
+    up-projected, as in prefill (128 * (192 + 128) in DeepSeek-V3), and
+    139,264 multiply-adds per pair in MLA's absorbed form, as it decodes
+    (:func:`attnlib.experiments.decode_cost`).
 
     Args:
         d_in: size of the input tokens ``x``.

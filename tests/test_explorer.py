@@ -34,6 +34,9 @@ SOURCE = ROOT / "explorer" / "site" / "explorer"
 CHROMIUM = Path(os.environ.get("ATTNLIB_CHROMIUM", "/usr/bin/chromium"))
 REQUIRED = os.environ.get("ATTNLIB_REQUIRE_BROWSER") == "1"
 TOLERANCE = 1e-5  # issue 32: the page against attnlib in PyTorch
+# The graphs run in float64 (attnlib.export), so the page holds to far less than that;
+# a float32 graph (about 1e-5 apart on the trained logits) would fail this bound.
+FLOAT64_TOLERANCE = 1e-10
 
 PAGE = """<!DOCTYPE html>
 <html lang="en" data-theme="{theme}"><head><meta charset="utf-8">
@@ -260,7 +263,7 @@ def test_page_computes_what_attnlib_computes_in_pytorch(page, models, capsys):
     with capsys.disabled():
         print("\nexplorer vs attnlib in PyTorch (float64), max |difference|: "
               + ", ".join(f"{k} {v:.2g}" for k, v in worst.items()))
-    assert worst["weights"] <= TOLERANCE and worst["logits"] <= TOLERANCE
+    assert worst["weights"] <= FLOAT64_TOLERANCE and worst["logits"] <= FLOAT64_TOLERANCE
     # The float32 model differs by float32's roundoff only.
     assert worst["float32 weights"] <= TOLERANCE and worst["float32 logits"] <= 1e-4
     assert not problems, problems
@@ -328,7 +331,7 @@ def test_dark_mode_and_the_offline_build(browser, server, site):
     context, page, problems = _open(browser, f"{server}/offline/index.html")
     page.wait_for_selector("#induction[data-state=unavailable]")
     text = page.inner_text("#induction")
-    assert "onnxruntime-web could not be installed" in text and "still figure" in text
+    assert "may lack onnxruntime-web" in text and "still figure" in text
     assert page.evaluate("document.documentElement.classList.contains('attn-explorer-live')") \
         is False
     assert page.evaluate("getComputedStyle(document.getElementById('still')).display") == "block"

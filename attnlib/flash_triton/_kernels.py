@@ -31,7 +31,7 @@ bounds come from ``_key_tiles`` (a block of queries) and ``_query_tiles`` (a
 block of keys): ``[lo, mid_lo)`` masked (the window's edge), ``[mid_lo,
 mid_hi)`` unmasked, ``[mid_hi, hi)`` masked (the diagonal and the last, partial
 tile); everything outside ``[lo, hi)`` is skipped. ``attnlib.flash_triton``'s
-``tile_schedule`` computes the same bounds in Python.
+``tile_counts`` computes the same bounds in Python.
 
 **Sinks.** With ``HAS_SINKS`` each head has a logit ``sink`` (gpt-oss) that joins
 the softmax's denominator without a value. The forward starts each row's running

@@ -523,9 +523,12 @@
   async function start(baseUrl) {
     const roots = Array.from(document.querySelectorAll(".attn-explorer[data-explorer]"));
     if (!roots.length) return;
-    const unavailable = "The live explorer is not part of this build of the book: " +
-      "onnxruntime-web could not be installed when the book was built (make book needs " +
-      "npm and a network connection once). The still figure below shows the models instead.";
+    // Either the build had no npm or network (models.json says so), or the page was
+    // opened without a web server (from a file), where fetch fails.
+    const unavailable = "The live explorer could not start here: this build of the book " +
+      "may lack onnxruntime-web (make book needs npm and a network connection once), or " +
+      "the page was opened from a file rather than a web server. The still figure below " +
+      "shows the models instead.";
     let meta;
     try {
       // Written by explorer/build.py (make book); "onnxruntime_web" is null
@@ -542,12 +545,15 @@
     ort.env.wasm.numThreads = 1; // no cross-origin isolation on a static site
     ort.env.wasm.proxy = false;
     ort.env.logLevel = "error";
-    document.documentElement.classList.add("attn-explorer-live");
-    await Promise.all(roots.map((root, i) => {
+    const ran = await Promise.all(roots.map(async (root, i) => {
       if (!root.id) root.id = `attn-explorer-${i}`;
       const explorer = new Explorer(root, ort, meta, baseUrl);
-      return explorer.build();
+      await explorer.build(); // runs the model once; a failure sets data-state="error"
+      return root.dataset.state !== "error";
     }));
+    // The still figure is hidden on screen only once a model has run, so that a page
+    // whose explorer fails (WebAssembly blocked, say) still shows it.
+    if (ran.some(Boolean)) document.documentElement.classList.add("attn-explorer-live");
   }
 
   const helpers = { viridis, textOn, parseIds, parseWords, inductionTargets, argmax, topK,
