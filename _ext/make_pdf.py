@@ -13,9 +13,7 @@ keeps the opening lines of a code block together where blank lines follow them
 (``_static/print.css`` has the print rules). It prints twice or more: a code
 cell or other box that would end a page in an empty stretch of its colour (its
 next line did not fit below two blank lines of code) starts on the next page
-instead, found by a scan of the printed pages and printed again, and a figure
-that would leave the page before it more than half empty floats down below the
-prose that follows it (``FLOAT``), or failing that is printed smaller; the last of
+instead, found by a scan of the printed pages and printed again; the last of
 these prints tells on which page each chapter starts, and the final one writes
 those numbers into the contents, in boxes reserved before so that nothing
 moves. The PDF has a bookmark (outline entry) for each chapter and section.
@@ -143,25 +141,16 @@ PREPARE = """(meta) => {
     if (!after.id) after.id = 'course-after-' + n;
     boxes.push({target: box.id, after: after.id});
   });
-  // The figures (an image with its caption; chapter 10's still frame of an
-  // animation): one that does not fit below the text before it would leave that
-  // page more than half empty (print_pdf moves it later, FLOAT).
-  const figures = [];
-  document.querySelectorAll('.bd-article figure, .bd-article div.animation').forEach(fig => {
-    if (!fig.querySelector('img') || fig.parentElement.closest('figure, div.animation')) return;
-    if (!fig.id) fig.id = 'course-figure-' + figures.length;
-    figures.push(fig.id);
-  });
   // Chromium writes a named destination only for an element that a link points
   // to: links to the boxes, never shown.
   const links = document.createElement('div');
   links.style.display = 'none';
   links.setAttribute('aria-hidden', 'true');
-  boxes.map(box => [box.target, box.after]).flat().concat(figures).forEach(id => {
+  boxes.forEach(box => [box.target, box.after].forEach(id => {
     const a = document.createElement('a');
     a.href = '#' + id;
     links.appendChild(a);
-  });
+  }));
   document.body.appendChild(links);
   // A table wider than the column (long code names, formulas in its cells):
   // a smaller font, down to 70 %, rather than names broken in the middle.
@@ -252,8 +241,7 @@ PREPARE = """(meta) => {
     .slice(0, 5).map(e => e.tagName + '.' + e.className + ': '
                          + (e.textContent || '').trim().slice(0, 60));
   return {chapters: starts.length, width: width, wide: wide, entries: entries, outline: outline,
-          shrunk: shrunk, wrapped: wrapped, tables: tables, kept: kept, boxes: boxes,
-          figures: figures};
+          shrunk: shrunk, wrapped: wrapped, tables: tables, kept: kept, boxes: boxes};
 }"""
 
 # Run in the page before PREPARE: what differs between the screen and paper.
@@ -267,7 +255,7 @@ PREPARE = """(meta) => {
 # "Show the source of ...".
 # (2) The API reference is compact on paper: each name's signature and the first
 # paragraph of its docstring, with a note that the web book has the rest (221 of
-# 600 pages before; 63 of 462 since the split into module pages).
+# 600 pages before).
 PAPER = """() => {
   const text = e => { const c = e.cloneNode(true);
     c.querySelectorAll('.headerlink').forEach(x => x.remove());
@@ -388,73 +376,6 @@ NUMBER = """(numbers) => {
 }"""
 
 
-# A figure does not break, so one that does not fit below the text before it
-# starts the next page and may leave that page more than half empty (17 pages
-# of 454, 52-85 % empty, before this). As a book sets a figure, it floats down
-# instead: the prose after it (paragraphs, lists, equations, headings, notes,
-# never a code cell or another figure, never past the chapter's end) moves up
-# into the empty space, the figure after it. Where that prose is too short to
-# leave the page at most half empty, the image is made smaller, to fit the space
-# that is left, but not below FIGURE_SCALE of its printed height.
-FIGURE_SCALE = 0.6
-FLOAT = """(items) => items.map(({id, space, half}) => {
-  const fig = document.getElementById(id);
-  if (!fig) return null;
-  const outer = e => { const cs = getComputedStyle(e);
-    return e.getBoundingClientRect().height + parseFloat(cs.marginTop)
-      + parseFloat(cs.marginBottom); };
-  const chapter = fig.closest('.course-chapter-start') || fig.closest('section');
-  // What follows the figure in reading order: its cell's next siblings, then the
-  // next section's heading and its blocks, and so on (a section is entered, not
-  // passed whole).
-  let at = fig.closest('div.cell') || fig;
-  const next = e => {
-    while (e && e !== chapter && !e.nextElementSibling) e = e.parentElement;
-    if (!e || e === chapter) return null;
-    let n = e.nextElementSibling;
-    while (n && n.tagName === 'SECTION' && n.firstElementChild) n = n.firstElementChild;
-    return n;
-  };
-  // The blocks that may move above it, each with the height moved so far.
-  const passed = [];
-  let moved = 0;
-  for (let e = next(at); e && moved < space + half; e = next(e)) {
-    const empty = e.matches('div.cell') && e.getBoundingClientRect().height < 2;  // hidden
-    if (!empty && (e.matches('div.cell, figure, div.animation, span[id^="document-"], '
-                             + '.course-chapter-start')
-                   || e.querySelector('img, figure, div.cell, div.animation'))) break;
-    moved += outer(e);
-    // Never right after a heading, which stays with what follows it.
-    if (!e.matches('h1, h2, h3, h4, h5, h6, p.rubric')) passed.push([e, moved]);
-  }
-  // Best, the most that still fits the empty space (the figure then opens the next
-  // page as before, its page untouched), if that leaves the page at most half
-  // empty; else the least that fills it, the rest running on above the figure.
-  const fits = passed.filter(([, h]) => h <= space - 30);
-  const fill = passed.find(([, h]) => h > space - 30);
-  let chosen = fits.length && fits[fits.length - 1][1] >= space - half + 30
-    ? fits[fits.length - 1] : (fill || fits[fits.length - 1]);
-  moved = chosen ? chosen[1] : 0;
-  if (chosen) chosen[0].after(fig);
-  // Too little prose to fill the page: the image smaller, to fit what is left.
-  const img = Array.from(fig.querySelectorAll('img'))
-    .sort((a, b) => b.getBoundingClientRect().height - a.getBoundingClientRect().height)[0];
-  const room = space - moved - 24;
-  const height = outer(fig);
-  let scale = 1;
-  if (space - moved > half && height > room && img && img.getBoundingClientRect().height > 0) {
-    const image = img.getBoundingClientRect().height;
-    // Its height as first printed: floated again, it shrinks no further than that.
-    if (!img.dataset.printHeight) img.dataset.printHeight = String(image);
-    const first = parseFloat(img.dataset.printHeight);
-    scale = Math.max(meta_scale, (image - (height - room)) / first);
-    img.style.setProperty('max-height', (scale * first).toFixed(1) + 'px', 'important');
-    img.style.setProperty('width', 'auto', 'important');
-    img.style.setProperty('height', 'auto', 'important');
-  }
-  return {id: id, moved: Math.round(moved), scale: Math.round(scale * 100) / 100};
-})""".replace("meta_scale", str(FIGURE_SCALE))
-
 # Start these boxes (element ids) on a new page.
 MOVE = """(ids) => ids.forEach(id => {
   document.getElementById(id).style.setProperty('break-before', 'page', 'important');
@@ -528,15 +449,12 @@ def _filled(row) -> bool:
     return counts.max() >= 0.5 * row.shape[0]
 
 
-def empty_feet(data: bytes, fills: list[tuple[int, int]] | None = None
-               ) -> dict[int, tuple[float, float, float]]:
+def empty_feet(data: bytes) -> dict[int, tuple[float, float, float]]:
     """The pages (from 1) whose text area ends in an empty stretch of a box: rows up
     to the foot, each filled with one non-white colour across at least half the
     column, with no text or image on them. For each, the stretch's height in cm,
     where it starts and how tall the text area is (points from the area's top).
-    tests/test_pdf.py's page_scan measures every empty box this way. Where
-    ``fills`` is a list, each page's text area's height and how far down it is
-    used (points) are appended to it."""
+    tests/test_pdf.py's page_scan measures every empty box this way."""
     import numpy as np
     import pypdfium2 as pdfium
     import pypdfium2.raw as pdfium_c
@@ -552,9 +470,6 @@ def empty_feet(data: bytes, fills: list[tuple[int, int]] | None = None
         left, right = round(SIDE_MARGIN_MM * mm), width - round(SIDE_MARGIN_MM * mm)
         area = img[top:bottom, left:right]
         rows = area.shape[0]
-        if fills is not None:
-            inked = np.nonzero((area.min(axis=2) < 253).any(axis=1))[0]
-            fills.append((rows, int(inked[-1]) + 1 if len(inked) else 0))
         y = rows
         while y > 0 and _filled(area[y - 1]):
             y -= 1
@@ -576,31 +491,12 @@ def empty_feet(data: bytes, fills: list[tuple[int, int]] | None = None
     return feet
 
 
-def figures_to_float(data: bytes, figures: list[str], fills: list[tuple[int, int]]
-                     ) -> list[dict]:
-    """The figures (element ids) that open a page after a page that is more than half
-    empty (``fills``: each page's text area's height and how far down it is used,
-    in points), each with that page's empty space and half its text area in CSS
-    pixels (FLOAT's arguments)."""
-    out = []
-    mm = 72 / 25.4
-    for target, top in zip(figures, destination_tops(data, figures), strict=True):
-        if top is None or top[0] < 2 or top[1] - round(16 * mm) > 30:
-            continue
-        rows, used = fills[top[0] - 2]
-        if rows - used > rows / 2:
-            out.append({"id": target, "space": (rows - used) / 0.75, "half": rows / 2 / 0.75,
-                        "page": top[0] - 1})
-    return out
-
-
-def boxes_to_move(data: bytes, boxes: list[dict], fills: list[tuple[int, int]] | None = None
-                  ) -> tuple[list[str], list[int]]:
+def boxes_to_move(data: bytes, boxes: list[dict]) -> tuple[list[str], list[int]]:
     """The boxes of ``boxes`` (``target``: a box's id, ``after``: the id of what
     follows it) that end a page in an empty stretch (empty_feet) and start low
     enough on it to start on the next page instead; and the pages with an empty
     stretch that no box can be moved to mend."""
-    feet = empty_feet(data, fills)
+    feet = empty_feet(data)
     if not feet:
         return [], []
     mm = 72 / 25.4
@@ -713,42 +609,22 @@ def print_pdf(html: Path, pdf: Path) -> dict:
             # of fixed width, so the second print has the same pages.
             # A box that ends a page in an empty stretch (its next lines did not
             # fit, two blank lines of code before them) starts on the next page.
-            # A figure after a page that it would leave more than half empty
-            # floats down (FLOAT).
-            moved, left, floats = [], [], []
+            moved, left = [], []
             for attempt in range(FOOT_ROUNDS + 1):
                 data = page.pdf(**options)
-                fills: list[tuple[int, int]] = []
-                move, left = boxes_to_move(data, layout["boxes"], fills)
+                move, left = boxes_to_move(data, layout["boxes"])
                 move = [target for target in move if target not in moved]
-                late = figures_to_float(data, layout["figures"], fills)
-                if (not move and not late) or attempt == FOOT_ROUNDS:
-                    layout["figures_left"] = [f["page"] for f in late]
+                if not move or attempt == FOOT_ROUNDS:
                     break
-                if move:
-                    page.evaluate(MOVE, move)
-                    moved += move
-                if late:
-                    done = page.evaluate(FLOAT, late)
-                    floats += [dict(f, page=g["page"]) for f, g in zip(done, late, strict=True)
-                               if f]
+                page.evaluate(MOVE, move)
+                moved += move
             layout["moved"], layout["feet_left"] = len(moved), left
-            layout["floats"] = floats
             first = destination_pages(data, targets)
-            # The API reference's module pages follow one another on a sheet: a
-            # title at a page's foot may land a page later in the next print (seen
-            # with shorter module pages): number again until the pages settle.
-            for _ in range(3):
-                page.evaluate(NUMBER, first)
-                data = page.pdf(**options)
-                second = destination_pages(data, targets)
-                if first == second:
-                    break
-                print(f"the contents' page numbers moved: {first} then {second}",
-                      file=sys.stderr)
-                first = second
-            else:
-                raise SystemExit("the contents' page numbers did not settle")
+            page.evaluate(NUMBER, first)
+            data = page.pdf(**options)
+            second = destination_pages(data, targets)
+            if first != second:
+                raise SystemExit(f"the contents' page numbers moved: {first} then {second}")
             for entry, number in zip(layout["entries"], second, strict=True):
                 entry["page"] = number
             pdf.parent.mkdir(parents=True, exist_ok=True)
@@ -782,11 +658,6 @@ def main(argv: list[str] | None = None) -> int:
           f" in an empty stretch")
     print(f"{layout['solutions']} solutions (with {layout['answer_cells']} cells of worked"
           f" answers) in the appendix; {layout['api_entries']} API entries printed compact")
-    for f in layout["floats"]:
-        print(f"figure {f['id']} (after page {f['page']}): {f['moved']} px of prose"
-              f" moved before it, its image at {f['scale']:.0%}")
-    if layout["figures_left"]:
-        print(f"pages still more than half empty before a figure: {layout['figures_left']}")
     if layout["feet_left"]:
         print(f"pages still ending in an empty stretch of a box >= {FOOT_CM} cm:"
               f" {layout['feet_left']}")
