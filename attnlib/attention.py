@@ -9,8 +9,8 @@ heads side by side) and :class:`attnlib.MultiHeadAttention` (the heads split
 out of one set of projections), live in :mod:`attnlib.multihead`, which builds
 on the classes here; grouped-query attention lives in :mod:`attnlib.gqa`, the
 KV cache in :mod:`attnlib.kv_cache`. The plumbing they share (the causal-mask
-buffer, the packed query/key/value projection, the cache bookkeeping) is in
-the private module ``attnlib._heads``, below all of them.
+buffer, the checks of a cache, padding and cross-attention) is in the private
+module ``attnlib._heads``, below all of them.
 
 Shape legend used in every docstring here:
 
@@ -42,7 +42,7 @@ from typing import Literal, overload
 import torch
 import torch.nn as nn
 
-from ._heads import _register_causal_mask
+from ._heads import register_causal_mask
 from ._validation import check_bool as _check_bool
 from ._validation import check_dropout as _check_dropout
 from ._validation import check_input as _check_input
@@ -246,7 +246,7 @@ class CausalAttention(nn.Module):
     section 3.5 (causal attention and dropout on the weights).
     """
 
-    mask: torch.Tensor  # the buffer that _register_causal_mask registers
+    mask: torch.Tensor  # the buffer that register_causal_mask registers
 
     def __init__(
         self,
@@ -269,7 +269,7 @@ class CausalAttention(nn.Module):
         self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.dropout = nn.Dropout(dropout)
-        _register_causal_mask(self, context_length)
+        register_causal_mask(self, context_length)
 
     @overload
     def forward(self, x: torch.Tensor, return_weights: Literal[False] = ...) -> torch.Tensor: ...

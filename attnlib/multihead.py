@@ -5,11 +5,9 @@ out of one set of projections.
 heads one after the other and concatenates their outputs;
 :class:`MultiHeadAttention` splits the heads out of one set of projections, adds
 an output projection, a fused fast path and an optional KV cache for generating
-token by token (``forward(x, kv_cache=attnlib.KVCache())``). It is
-grouped-query attention with one key/value head per query head, so it
-subclasses :class:`attnlib.GroupedQueryAttention` (chapter 9), whose
-constructor and cached ``forward`` it shares; its own ``forward`` is the one
-chapter 6 builds.
+token by token (``forward(x, kv_cache=attnlib.KVCache())``); its ``forward``
+is the one chapter 6 builds. :class:`attnlib.GroupedQueryAttention` (chapter
+9) extends it.
 
 Shape legend as in :mod:`attnlib.attention`: ``batch`` (``b``), ``num_tokens``
 (``<= context_length``), ``d_in``, ``d_out`` (of the whole layer), ``num_heads``
@@ -31,16 +29,29 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import functional as attn_functional
-from ._heads import _fused_qkv_projection, _uses_general_forward
+from ._heads import (
+    check_context,
+    check_key_padding_mask,
+    num_cached,
+    register_causal_mask,
+    register_no_mask,
+    resolve_head_dim,
+)
 from ._validation import check_bool as _check_bool
 from ._validation import check_dropout as _check_dropout
 from ._validation import check_input as _check_input
 from ._validation import check_positive_int as _check_positive_int
 from ._validation import type_name
 from .attention import CausalAttention
-from .gqa import GroupedQueryAttention, _options
+from .functional import (
+    ATTN_IMPLEMENTATIONS,
+    attention,
+    bottom_right_causal_mask,
+    merge_key_padding_mask,
+)
 from .kv_cache import KVCache
+from .positional import RotaryPositionalEmbedding
+from .sinks import AttentionSinks, QKNorm
 
 __all__ = [
     "MultiHeadAttentionWrapper",
@@ -171,7 +182,7 @@ class MultiHeadAttentionWrapper(nn.Module):
         )
 
 
-class MultiHeadAttention(GroupedQueryAttention):
+class MultiHeadAttention(nn.Module):
     r"""Causal multi-head self-attention: heads split from one set of projections.
 
     One ``d_in -> d_out`` projection each for queries, keys and values; their
@@ -180,27 +191,28 @@ class MultiHeadAttention(GroupedQueryAttention):
     dropout on its weights, the heads' context vectors are concatenated back to
     ``d_out`` features and mixed by the output projection ``out_proj`` (``W^O``).
 
-    ``forward`` has two paths that compute the same function:
+    ``forward`` projects (:meth:`project`), adds what the call brings (a KV
+    cache's earlier keys and values), builds the mask (:meth:`attention_mask`),
+    calls :func:`attnlib.functional.attention` and merges the heads. That
+    function has the implementations ``attn_implementation`` names:
 
-    * fast (default): one fused projection (the weights of ``W_query``,
-      ``W_key`` and ``W_value`` stacked into a single ``(3 * d_out, d_in)``
-      matrix, so one GEMM instead of three; each of the three ``nn.Linear``
-      layers still gets its own gradient, and the three weights are stored
-      side by side so that without gradients the stack needs no copy), then
-      :func:`torch.nn.functional.scaled_dot_product_attention` with
-      ``is_causal=True``, a fused kernel that never stores the
+    * ``"sdpa"`` (default): :func:`torch.nn.functional.scaled_dot_product_attention`
+      with ``is_causal=True``, a fused kernel that never stores the
       ``(num_tokens, num_tokens)`` weights;
-    * readable (``return_weights=True``): the three projections one by one and
-      :func:`attnlib.scaled_dot_product_attention` with the causal ``mask``
-      buffer, returning the per-head weights for plotting.
+    * ``"flash"``: :func:`attnlib.functional.flash_attention`, the tiled
+      algorithm of chapter 8 (no dropout, no padding, no cache);
+    * ``"readable"``: :func:`attnlib.scaled_dot_product_attention` with the
+      causal ``mask`` buffer, which ``forward(x, return_weights=True)`` always
+      takes, returning the per-head weights for plotting.
 
-    With ``forward(x, kv_cache=cache)`` the layer generates incrementally:
-    ``x`` holds only the new tokens, their keys and values are appended to the
-    :class:`attnlib.KVCache`, and the causal mask is aligned at the
-    bottom-right (see :meth:`forward`). That path is chapter 9's: this class
-    is :class:`attnlib.GroupedQueryAttention` with one key/value head per
-    query head (``num_kv_groups = num_heads``, no RoPE) and inherits its
-    constructor's plumbing and its cached ``forward``.
+    What later chapters add comes in as parts: ``forward(x,
+    kv_cache=attnlib.KVCache())`` generates token by token (the keys and values
+    of earlier calls are kept in the cache; chapter 9), ``key_padding_mask``
+    hides padded keys, ``context`` gives cross-attention, and the options
+    ``qk_norm`` and ``sinks`` add the modules :class:`attnlib.QKNorm` and
+    :class:`attnlib.AttentionSinks` (chapter 13).
+    :class:`attnlib.GroupedQueryAttention` extends this class with fewer
+    key/value heads and RoPE.
 
     Parameters are created in the order ``W_query``, ``W_key``, ``W_value``,
     ``out_proj`` (the reference book's), so seeded numbers match it.
@@ -226,32 +238,46 @@ class MultiHeadAttention(GroupedQueryAttention):
         mask_buffer: keyword-only; register the ``(context_length,
             context_length)`` bool ``mask`` buffer. Default True. With False,
             ``mask`` is None, no memory grows with ``context_length**2``, and
-            every call goes through :meth:`attnlib.GroupedQueryAttention.forward`,
-            which builds the mask rows a call needs (or lets ``is_causal=True``
-            apply them); the outputs are the same.
+            each call builds the mask rows it needs
+            (:func:`attnlib.functional.bottom_right_causal_mask`) or lets
+            ``is_causal=True`` apply them; the outputs are the same.
         qk_norm, sinks: keyword-only; QK-norm (Qwen3) and learned attention
-            sinks (gpt-oss), as in :class:`attnlib.GroupedQueryAttention`.
-            Default False.
+            sinks (gpt-oss), see :mod:`attnlib.sinks`. Default False.
         causal: keyword-only; default True. False: bidirectional
             self-attention, and cross-attention with ``forward(x,
             context=...)`` (queries from ``x``, keys and values from
             ``context``), which equals ``nn.MultiheadAttention(x, context,
             context)``. A causal module refuses a context.
+        attn_implementation: keyword-only; one of
+            :data:`attnlib.functional.ATTN_IMPLEMENTATIONS`, the path of
+            ``forward`` without ``return_weights``. Default ``"sdpa"``. An
+            attribute: set it to switch.
+        num_kv_groups: keyword-only; key/value heads, dividing ``num_heads``.
+            Default None: ``num_heads``, multi-head attention;
+            :class:`attnlib.GroupedQueryAttention` passes fewer.
 
     Attributes:
-        W_query, W_key, W_value: ``nn.Linear(d_in, d_out, bias=qkv_bias)``
-            (``num_heads * head_dim`` outputs if ``head_dim`` was given).
+        W_query: ``nn.Linear(d_in, d_out, bias=qkv_bias)`` (``num_heads *
+            head_dim`` outputs if ``head_dim`` was given).
+        W_key, W_value: the same, with ``num_kv_groups * head_dim`` outputs.
         out_proj: ``nn.Linear(d_out, d_out, bias=out_bias)`` (inputs
             ``num_heads * head_dim`` if ``head_dim`` was given).
         head_dim: ``d_out // num_heads`` unless given.
-        num_kv_groups, group_size, rope: as in
-            :class:`attnlib.GroupedQueryAttention`: ``num_heads``, 1 and None.
+        num_kv_groups, group_size: ``num_heads`` and 1 unless given.
+        rope: None (:class:`attnlib.GroupedQueryAttention` with ``rope=True``
+            holds a :class:`attnlib.RotaryPositionalEmbedding` there).
+        qk_norm: the :class:`attnlib.QKNorm` (``state_dict`` keys
+            ``qk_norm.q_norm.weight``, ``qk_norm.k_norm.weight``), or None.
+        sinks: the :class:`attnlib.AttentionSinks` (``sinks.sinks``,
+            ``(num_heads,)``), or None.
+        causal: bool. attn_implementation: str.
         dropout_p: the attention-weight dropout probability (a float; set it
             to change the dropout).
         mask: bool buffer ``(context_length, context_length)``, True = may
             attend; used by the readable path and saved in the ``state_dict``
             under ``mask`` (as in the reference). Loading keeps the module's own
-            mask, as for :class:`CausalAttention`. None with ``mask_buffer=False``.
+            mask, as for :class:`CausalAttention`. None with ``mask_buffer=False``
+            or ``causal=False``.
 
     Warning:
         Dropout acts in training mode, which is a module's default: call
@@ -280,17 +306,22 @@ class MultiHeadAttention(GroupedQueryAttention):
         ``strict=False``) when loading attnlib's weights there.
 
     Raises:
-        TypeError: a size is not an int, ``dropout`` is not a float, or
-            ``qkv_bias``/``out_bias`` is not a bool.
-        ValueError: ``d_in``, ``d_out``, ``context_length``, ``num_heads`` or
-            ``head_dim`` is not positive; ``head_dim`` is None and ``d_out`` is
-            not divisible by ``num_heads``; ``dropout`` is outside ``[0, 1)``.
+        TypeError: a size is not an int, ``dropout`` is not a float, or a flag
+            is not a bool.
+        ValueError: ``d_in``, ``d_out``, ``context_length``, ``num_heads``,
+            ``num_kv_groups`` or ``head_dim`` is not positive; ``head_dim`` is
+            None and ``d_out`` is not divisible by ``num_heads``;
+            ``num_heads`` is not divisible by ``num_kv_groups``; ``dropout``
+            is outside ``[0, 1)``; ``attn_implementation`` is unknown.
 
     Source: Vaswani et al. (2017), "Attention Is All You Need", section 3.2.2
     (multi-head attention, ``MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O``)
     and section 3.2.3 (causal masking); Raschka (2024), *Build a Large Language
     Model (From Scratch)*, section 3.6.2.
     """
+
+    mask: torch.Tensor | None  # register_causal_mask's buffer; None with mask_buffer=False
+    rope: RotaryPositionalEmbedding | None
 
     def __init__(
         self,
@@ -307,15 +338,48 @@ class MultiHeadAttention(GroupedQueryAttention):
         qk_norm: bool = False,
         sinks: bool = False,
         causal: bool = True,
+        attn_implementation: str = "sdpa",
+        num_kv_groups: int | None = None,
     ) -> None:
-        # Grouped-query attention with one key/value head per query head: the
-        # checks (with these arguments, the same errors), the four projections
-        # in the book's order, the packed fast path and the mask buffer.
-        super().__init__(
-            d_in, d_out, context_length, dropout, num_heads, num_kv_groups=num_heads,
-            qkv_bias=qkv_bias, out_bias=out_bias, head_dim=head_dim, mask_buffer=mask_buffer,
-            qk_norm=qk_norm, sinks=sinks, causal=causal,
-        )
+        for name, size in (("d_in", d_in), ("d_out", d_out), ("context_length", context_length)):
+            _check_positive_int(name, size)
+        _check_dropout(dropout)
+        _check_positive_int("num_heads", num_heads)
+        num_kv_groups = num_heads if num_kv_groups is None else num_kv_groups
+        _check_positive_int("num_kv_groups", num_kv_groups)
+        for name, flag in (("qkv_bias", qkv_bias), ("out_bias", out_bias),
+                           ("mask_buffer", mask_buffer), ("qk_norm", qk_norm),
+                           ("sinks", sinks), ("causal", causal)):
+            _check_bool(name, flag)
+        head_dim = resolve_head_dim(d_out, num_heads, head_dim)
+        if num_heads % num_kv_groups != 0:
+            raise ValueError(
+                f"num_heads={num_heads} is not divisible by num_kv_groups={num_kv_groups}: "
+                "each key/value head must serve the same number of query heads"
+            )
+        super().__init__()
+        self.d_in, self.d_out = int(d_in), int(d_out)
+        self.context_length = int(context_length)
+        self.num_heads, self.num_kv_groups = int(num_heads), int(num_kv_groups)
+        self.head_dim = head_dim
+        self.group_size = self.num_heads // self.num_kv_groups
+        self.dropout_p = float(dropout)
+        q_dim = self.num_heads * self.head_dim  # d_out unless head_dim was given
+        kv_dim = self.num_kv_groups * self.head_dim
+        self.W_query = nn.Linear(d_in, q_dim, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, kv_dim, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, kv_dim, bias=qkv_bias)
+        self.out_proj = nn.Linear(q_dim, d_out, bias=out_bias)
+        self.rope = None  # no positions inside the layer: GroupedQueryAttention may add RoPE
+        # Created after out_proj, so that without them the parameters are the same.
+        self.qk_norm = QKNorm(self.head_dim) if qk_norm else None
+        self.sinks = AttentionSinks(self.num_heads) if sinks else None
+        self.causal = bool(causal)
+        self.attn_implementation = _check_implementation(attn_implementation)
+        if mask_buffer and causal:
+            register_causal_mask(self, self.context_length)
+        else:  # no (context_length, context_length) buffer: masks are built per call
+            register_no_mask(self)
 
     @overload
     def forward(
@@ -358,32 +422,38 @@ class MultiHeadAttention(GroupedQueryAttention):
                 ``num_tokens <= context_length``. With ``kv_cache``, only the
                 *new* tokens.
             return_weights: take the readable path and also return the
-                per-head attention weights. Default ``False`` (fast path).
-            context: keyword-only; for a module built with ``causal=False``:
-                ``(batch, num_tokens_kv, d_in)``, the sequence the keys and
-                values come from (cross-attention: an encoder's output).
-                Default None: self-attention.
-            kv_cache: keyword-only; an :class:`attnlib.KVCache`, for generating
-                token by token (chapter 9): ``x`` then holds only the new
-                tokens, which attend to the cached ones and causally to each
-                other. The call is then
-                :meth:`attnlib.GroupedQueryAttention.forward`'s, which documents
-                it. Default None.
-            key_padding_mask: keyword-only; ``(batch, num_tokens)`` bool (with
-                a cache, ``num_cached + num_tokens``), **True where a key is
-                padding**: torch's meaning of the keyword, the *opposite* of
-                attnlib's attention masks (True = may attend). Combined with
-                the causal mask; a query whose keys are all padding returns
-                zeros (``nn.MultiheadAttention`` gives NaN). See
-                :meth:`attnlib.GroupedQueryAttention.forward`. With a
-                ``context``, ``(batch, num_tokens_kv)``. Default None.
+                per-head attention weights. Default ``False`` (the path of
+                ``attn_implementation``).
+            context: keyword-only; for a module built with ``causal=False``
+                (and without RoPE): ``(batch, num_tokens_kv, d_in)``, the
+                sequence the keys and values come from (cross-attention: an
+                encoder's output). Not with a ``kv_cache``. Default None:
+                self-attention.
+            kv_cache: keyword-only; an :class:`attnlib.KVCache` (see
+                :meth:`new_cache`) holding the keys and values of the tokens
+                before ``x`` (empty at the start of a sequence); the new
+                tokens' keys and values are appended to it in place, and the
+                new queries attend to everything cached and causally to each
+                other: ``x``'s token ``i`` sits at position ``num_cached + i``
+                (the causal mask aligned at the bottom-right). Feeding a
+                sequence in chunks, one call per chunk with the same cache,
+                gives the outputs of one call on the whole sequence. Default None.
+            key_padding_mask: keyword-only; ``(batch, num_cached + num_tokens)``
+                bool, **True where a key is padding**: torch's meaning of the
+                keyword, the *opposite* of attnlib's attention masks (True =
+                may attend). Combined with the causal mask; a query whose keys
+                are all padding returns zeros (``nn.MultiheadAttention`` gives
+                NaN). The outputs at padded *query* positions are computed but
+                meaningless. With a ``context``, ``(batch, num_tokens_kv)``.
+                Default None.
 
         Returns:
             ``context_vec``: ``(batch, num_tokens, d_out)``. With
             ``return_weights=True``, the pair ``(context_vec, attn_weights)``,
             ``attn_weights`` being ``(batch, num_heads, num_tokens, num_tokens)``
-            (with a cache, ``num_cached + num_tokens`` columns): the weights
-            applied to the values, after dropout.
+            (``num_cached + num_tokens`` columns with a cache, ``num_tokens_kv``
+            with a context): the weights applied to the values, after dropout;
+            with sinks each row sums to less than 1.
 
         Raises:
             TypeError: ``x`` is not a floating-point tensor or its dtype
@@ -393,55 +463,169 @@ class MultiHeadAttention(GroupedQueryAttention):
             ValueError: ``x`` is not 3-D, ``x.shape[-1] != d_in``, ``x`` has no
                 tokens, ``num_tokens > context_length``, the cached and new
                 tokens together exceed ``context_length``, or the cache holds
-                another batch size or layout; a ``context`` given to a causal
-                module (see :meth:`attnlib.GroupedQueryAttention.forward`).
+                another batch size or layout; a bad ``key_padding_mask`` or
+                ``context`` (see :meth:`check_inputs`).
         """
-        if self.mask is None or _uses_general_forward(self, kv_cache, key_padding_mask, context):
-            # chapter 9's forward: a cache, padding, cross-attention or another option
-            return super().forward(x, return_weights, context=context, kv_cache=kv_cache,
-                                   key_padding_mask=key_padding_mask)
-        _check_input(x, self.d_in, (3,), self.context_length, like=self.W_query.weight)
-        _check_bool("return_weights", return_weights)
+        num_cached = self.check_inputs(x, return_weights, context, kv_cache, key_padding_mask)
         b, num_tokens, _ = x.shape
-        num_heads, head_dim = self.num_heads, self.head_dim
+        # Step 1: project (one GEMM of the three weights side by side on the fast path).
+        queries, keys, values = self.project(x, context, fused=not return_weights)
+        # queries: (b, num_tokens, num_heads * head_dim); keys, values: (b, N_kv, ...)
+        # Steps 2-3: split the features into heads of head_dim; heads before tokens.
+        queries = queries.view(b, num_tokens, -1, self.head_dim).transpose(1, 2)
+        keys = keys.view(b, keys.shape[1], -1, self.head_dim).transpose(1, 2)
+        values = values.view(b, values.shape[1], -1, self.head_dim).transpose(1, 2)
+        # queries: (b, num_heads, num_tokens, head_dim); keys, values: (b, heads, N_kv, head_dim)
+        queries, keys = self.transform_queries_keys(queries, keys, num_cached)
+        if kv_cache is not None:  # generation: the earlier tokens' keys and values come first
+            keys, values = kv_cache.update(keys, values)  # (b, heads, num_cached + N, head_dim)
 
-        # Project, then split d_out into heads and move heads before tokens.
-        if return_weights:  # readable: one projection per matrix, as in the chapters
-            queries, keys, values = self.W_query(x), self.W_key(x), self.W_value(x)
-        else:  # fast: the three projections as one GEMM
-            queries, keys, values = _fused_qkv_projection(
-                x, self.W_query, self.W_key, self.W_value
-            )  # each (b, num_tokens, d_out)
-        queries = queries.view(b, num_tokens, num_heads, head_dim).transpose(1, 2)
-        # queries: (b, num_heads, num_tokens, head_dim)
-        keys = keys.view(b, num_tokens, num_heads, head_dim).transpose(1, 2)
-        # keys: (b, num_heads, num_tokens, head_dim)
-        values = values.view(b, num_tokens, num_heads, head_dim).transpose(1, 2)
-        # values: (b, num_heads, num_tokens, head_dim)
+        # Steps 4-6: scores, mask, softmax and weighted sum, in one function.
+        attn_mask, is_causal = self.attention_mask(
+            num_cached, keys.shape[-2], key_padding_mask, fast=not return_weights
+        )  # True = may attend; or None with is_causal=True, which applies the same mask
+        context_vec, attn_weights = attention(
+            queries, keys, values, attn_mask, is_causal=is_causal,
+            dropout_p=self.dropout_p if self.training else 0.0,
+            sinks=None if self.sinks is None else self.sinks.sinks,
+            implementation="readable" if return_weights else self.attn_implementation,
+        )  # (b, num_heads, num_tokens, head_dim), weights (b, num_heads, num_tokens, N_kv)
 
-        dropout_p = self.dropout_p if self.training else 0.0
-        if return_weights:
-            allowed = self.mask[:num_tokens, :num_tokens]  # True = may attend
-            context_vec, attn_weights = attn_functional.scaled_dot_product_attention(
-                queries, keys, values, attn_mask=allowed, dropout_p=dropout_p, return_weights=True
-            )  # (b, num_heads, num_tokens, head_dim), (b, num_heads, num_tokens, num_tokens)
-        else:  # is_causal=True: torch's fused kernel applies the same mask itself
-            context_vec = F.scaled_dot_product_attention(
-                queries, keys, values, dropout_p=dropout_p, is_causal=True
-            )  # (b, num_heads, num_tokens, head_dim)
-
-        # Put the heads back side by side: reshape copies, as the transpose is not contiguous.
-        context_vec = context_vec.transpose(1, 2).reshape(b, num_tokens, num_heads * head_dim)
+        # Steps 7-8: heads back side by side (reshape copies), then the output projection.
+        context_vec = context_vec.transpose(1, 2).reshape(b, num_tokens, -1)
         # context_vec: (b, num_tokens, num_heads * head_dim), d_out unless head_dim was given
         context_vec = self.out_proj(context_vec)  # (b, num_tokens, d_out)
-        if return_weights:
+        if return_weights and attn_weights is not None:  # the readable path's weights
             return context_vec, attn_weights
         return context_vec
+
+    def check_inputs(
+        self,
+        x: torch.Tensor,
+        return_weights: bool,
+        context: torch.Tensor | None,
+        kv_cache: KVCache | None,
+        key_padding_mask: torch.Tensor | None,
+    ) -> int:
+        """Check :meth:`forward`'s arguments before any computation; return ``num_cached``.
+
+        Raises:
+            TypeError, ValueError: as :meth:`forward` documents; a ``context``
+                given to a causal module or one with RoPE, or with a cache.
+        """
+        _check_input(x, self.d_in, (3,), self.context_length, like=self.W_query.weight)
+        _check_bool("return_weights", return_weights)
+        cached = num_cached(kv_cache, x.shape[1], self.context_length)
+        source = check_context(self, context, x, kv_cache)  # keys and values come from it
+        check_key_padding_mask(key_padding_mask, x.shape[0], cached + source.shape[1], x.device)
+        if kv_cache is not None:
+            kv_cache.check_next(x.shape[0], self.num_kv_groups, self.head_dim, self.head_dim,
+                                x.dtype, x.device)
+        return cached
+
+    def project(
+        self, x: torch.Tensor, context: torch.Tensor | None = None, *, fused: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries of ``x``, keys and values of ``x`` (or ``context``): step 1 of ``forward``.
+
+        With ``fused=True`` and gradients, the three weights are concatenated
+        on the call and applied as ONE ``F.linear``: one GEMM forward, and in
+        the backward ``x`` receives one product instead of a sum of three
+        (the numbers of a layer whose weights are one tensor). Otherwise the
+        three layers are applied one by one, which on the CPU is as fast as
+        one fused GEMM (``tests/test_attention.py`` checks the values agree).
+
+        Args:
+            x: ``(batch, num_tokens, d_in)``.
+            context: ``(batch, num_tokens_kv, d_in)`` or None (self-attention).
+            fused: keyword-only; see above. Default True.
+
+        Returns:
+            ``(queries, keys, values)``: ``(batch, num_tokens, num_heads *
+            head_dim)``, ``(batch, num_tokens_kv, num_kv_groups * head_dim)``
+            twice.
+        """
+        layers = (self.W_query, self.W_key, self.W_value)
+        params = [p for layer in layers for p in layer.parameters()]
+        if fused and context is None and torch.is_grad_enabled() and any(
+            p.requires_grad for p in params
+        ):
+            weight = torch.cat([layer.weight for layer in layers])  # (d_q + 2 * d_kv, d_in)
+            bias = None if self.W_query.bias is None else torch.cat(
+                [self.W_query.bias, self.W_key.bias, self.W_value.bias])
+            sizes = [layer.out_features for layer in layers]
+            queries, keys, values = F.linear(x, weight, bias).split(sizes, dim=-1)  # views
+        else:
+            source = x if context is None else context
+            queries, keys, values = self.W_query(x), self.W_key(source), self.W_value(source)
+        return queries, keys, values
+
+    def transform_queries_keys(
+        self, queries: torch.Tensor, keys: torch.Tensor, num_cached: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """What acts on the split queries and keys before the scores: the parts.
+
+        Here QK-norm (``qk_norm``, chapter 13) if the module has it; without it
+        the inputs come back as they are. :class:`attnlib.GroupedQueryAttention`
+        adds RoPE after it. ``num_cached`` is the position of the first new
+        token (the tokens a KV cache holds).
+        """
+        if self.qk_norm is not None:  # RMSNorm of each head, before RoPE (Qwen3)
+            queries, keys = self.qk_norm(queries, keys)
+        return queries, keys
+
+    def attention_mask(
+        self,
+        num_cached: int,
+        num_tokens_kv: int,
+        key_padding_mask: torch.Tensor | None = None,
+        *,
+        fast: bool = False,
+    ) -> tuple[torch.Tensor | None, bool]:
+        """The mask of one attention call: ``(attn_mask, is_causal)``.
+
+        ``attn_mask`` is True where a query may attend to a key, for the new
+        queries at positions ``num_cached ... num_tokens_kv - 1`` (the
+        bottom-right rows of the causal mask, sliced from the ``mask`` buffer
+        or, without one, :func:`attnlib.functional.bottom_right_causal_mask`)
+        and the keys ``0 ... num_tokens_kv - 1``: ``(N_q, N_kv)``, or ``(batch,
+        1, N_q, N_kv)`` merged with a ``key_padding_mask``
+        (:func:`attnlib.functional.merge_key_padding_mask`). With ``fast=True``
+        from position 0 without padding it is ``(None, True)``: the kernel's
+        ``is_causal=True`` applies the same mask without one being built. A
+        module built with ``causal=False`` has no causal rows.
+        """
+        if self.causal and fast and num_cached == 0 and key_padding_mask is None:
+            return None, True
+        allowed = None
+        if self.causal and self.mask is not None:
+            allowed = self.mask[num_cached:num_tokens_kv, :num_tokens_kv]  # (N_q, N_kv)
+        elif self.causal:
+            allowed = bottom_right_causal_mask(num_tokens_kv - num_cached, num_tokens_kv,
+                                               device=self.W_query.weight.device)
+        return merge_key_padding_mask(allowed, key_padding_mask), False
+
+    def new_cache(self) -> KVCache:
+        """An empty :class:`attnlib.KVCache` for this layer (one per layer and batch)."""
+        return KVCache()
 
     def extra_repr(self) -> str:
         return (
             f"d_in={self.d_in}, d_out={self.d_out}, context_length={self.context_length}, "
-            f"num_heads={self.num_heads}, dropout_p={self.dropout_p}{_options(self)}"
+            f"num_heads={self.num_heads}, dropout_p={self.dropout_p}{self.options_repr()}"
+        )
+
+    def options_repr(self) -> str:
+        """The non-default options, for ``extra_repr``: ``", causal=False, sinks=True"``."""
+        return "".join(
+            f", {name}={value}"
+            for name, value, default in (
+                ("causal", self.causal, True),
+                ("qk_norm", self.qk_norm is not None, False),
+                ("sinks", self.sinks is not None, False),
+                ("attn_implementation", self.attn_implementation, "sdpa"),
+            )
+            if value != default
         )
 
     # -- interoperability with torch.nn.MultiheadAttention ------------------
@@ -593,3 +777,13 @@ class MultiHeadAttention(GroupedQueryAttention):
                 module.out_proj.bias.zero_()
         module.train(self.training)
         return module
+
+
+def _check_implementation(attn_implementation: object) -> str:
+    """``attn_implementation``, checked against ``ATTN_IMPLEMENTATIONS``."""
+    if attn_implementation not in ATTN_IMPLEMENTATIONS:
+        raise ValueError(
+            f"attn_implementation must be one of {ATTN_IMPLEMENTATIONS}, "
+            f"got {attn_implementation!r}"
+        )
+    return str(attn_implementation)

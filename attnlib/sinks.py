@@ -33,46 +33,10 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ._validation import check_float_tensor, check_positive_int, check_sdpa_inputs
+from ._validation import check_float_tensor, check_positive_int
+from .functional import attention, softmax_with_sinks
 
 __all__ = ["softmax_with_sinks", "sink_attention", "AttentionSinks", "QKNorm"]
-
-
-def softmax_with_sinks(attn_scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dimension with one extra, value-less logit per head.
-
-    Args:
-        attn_scores: ``(batch, num_heads, num_tokens, num_tokens_kv)``;
-            masked entries ``-inf``.
-        sinks: ``(num_heads,)``, each head's sink logit.
-
-    Returns:
-        ``attn_weights`` of ``attn_scores``' shape: ``exp(s) / (exp(sink) +
-        sum exp(s))``, computed stably (the maximum of the row and the sink is
-        subtracted first); each row sums to less than 1.
-
-    Raises:
-        TypeError: either is not a floating-point tensor.
-        ValueError: ``attn_scores`` is not 4-D or ``sinks`` is not
-            ``(num_heads,)``.
-
-    Source: OpenAI (2025), "gpt-oss-120b & gpt-oss-20b Model Card", section
-    2.1 (a learned bias in the softmax's denominator per head); Xiao et al.
-    (2023), "Efficient Streaming Language Models with Attention Sinks",
-    sections 3.1-3.3.
-    """
-    check_float_tensor("attn_scores", attn_scores, min_ndim=4)
-    check_float_tensor("sinks", sinks)
-    if attn_scores.ndim != 4 or sinks.shape != (attn_scores.shape[1],):
-        raise ValueError(
-            "attn_scores must be (batch, num_heads, num_tokens, num_tokens_kv) and sinks "
-            f"(num_heads,), got {tuple(attn_scores.shape)} and {tuple(sinks.shape)}"
-        )
-    sink = sinks.to(attn_scores.dtype)[None, :, None, None]  # (1, num_heads, 1, 1)
-    row_max = torch.maximum(attn_scores.amax(dim=-1, keepdim=True), sink)  # (b, h, n, 1)
-    exp_scores = (attn_scores - row_max).exp()  # (b, h, n, n_kv); 0 where masked
-    denominator = exp_scores.sum(dim=-1, keepdim=True) + (sink - row_max).exp()
-    return exp_scores / denominator  # (b, h, n, n_kv)
 
 
 def sink_attention(
@@ -86,6 +50,9 @@ def sink_attention(
     scale: float | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention whose softmax has a sink logit per head.
+
+    :func:`attnlib.functional.attention` on its readable path with ``sinks``:
+    the scaled, masked scores go through :func:`softmax_with_sinks`.
 
     Args:
         queries: ``(batch, num_heads, num_tokens, head_dim)``.
@@ -109,31 +76,9 @@ def sink_attention(
 
     Source: as :func:`softmax_with_sinks`.
     """
-    if isinstance(keys, torch.Tensor) and isinstance(queries, torch.Tensor) and (
-        keys.ndim == queries.ndim == 4 and keys.shape[1] != queries.shape[1]
-    ):
-        if queries.shape[1] % keys.shape[1] != 0:
-            raise ValueError(
-                f"num_heads={queries.shape[1]} is not divisible by "
-                f"num_kv_groups={keys.shape[1]}"
-            )
-        group_size = queries.shape[1] // keys.shape[1]
-        keys = keys.repeat_interleave(group_size, dim=1)  # (b, num_heads, N_kv, head_dim)
-        values = values.repeat_interleave(group_size, dim=1)  # (b, num_heads, N_kv, hd_v)
-    check_sdpa_inputs(queries, keys, values, attn_mask, 0.0, is_causal, scale)
-    if scale is None:
-        scale = queries.shape[-1] ** -0.5
-    attn_scores = (queries @ keys.transpose(-2, -1)) * scale  # (b, h, n, n_kv)
-    if is_causal:
-        n, n_kv = attn_scores.shape[-2:]
-        attn_mask = torch.ones(n, n_kv, dtype=torch.bool, device=queries.device).tril()
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            attn_scores = attn_scores.masked_fill(~attn_mask, float("-inf"))
-        else:
-            attn_scores = attn_scores + attn_mask
-    attn_weights = softmax_with_sinks(attn_scores, sinks)  # (b, h, n, n_kv)
-    return attn_weights @ values  # (b, h, n, head_dim_v)
+    context_vec, _ = attention(queries, keys, values, attn_mask, is_causal=is_causal,
+                               scale=scale, sinks=sinks, implementation="readable")
+    return context_vec
 
 
 class AttentionSinks(nn.Module):

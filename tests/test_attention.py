@@ -288,80 +288,76 @@ def test_mha_fast_path_sees_a_parameter_changed_in_place():
     assert not torch.allclose(before, after)
 
 
-def _packed(module) -> bool:
-    ws = [module.W_query.weight, module.W_key.weight, module.W_value.weight]
-    ptr = ws[0].untyped_storage().data_ptr()
-    offsets = [w.storage_offset() for w in ws]
-    return all(w.untyped_storage().data_ptr() == ptr for w in ws) and offsets == [
-        0, ws[0].numel(), ws[0].numel() + ws[1].numel()
-    ]
+def _shares_storage(module) -> bool:
+    ptrs = [p.untyped_storage().data_ptr() for p in module.parameters()]
+    return len(set(ptrs)) != len(ptrs)
 
 
-def test_mha_keeps_its_three_weights_side_by_side_through_to_and_loading():
+def test_mha_parameters_own_their_storage_through_to_and_loading():
+    # Issue 27: no storage aliasing; .to() and load_state_dict(assign=True) are plain.
     torch.manual_seed(14)
     mha = MultiHeadAttention(5, 6, 4, 0.0, num_heads=2, qkv_bias=True)
     torch.manual_seed(14)
     reference = [nn.Linear(5, 6, bias=True) for _ in range(3)]  # the book's creation order
-    assert torch.equal(mha.W_key.weight, reference[1].weight)  # packing kept the values
-    assert _packed(mha)
+    assert torch.equal(mha.W_key.weight, reference[1].weight)
+    assert not _shares_storage(mha)
     mha.double()
-    assert _packed(mha) and mha.W_value.weight.dtype == torch.float64
-    other = MultiHeadAttention(5, 6, 4, 0.0, num_heads=2, qkv_bias=True).double()
-    other.load_state_dict(mha.state_dict())
-    assert _packed(other) and torch.equal(other.W_value.bias, mha.W_value.bias)
+    assert not _shares_storage(mha) and mha.W_value.weight.dtype == torch.float64
+    for assign in (False, True):
+        other = MultiHeadAttention(5, 6, 4, 0.0, num_heads=2, qkv_bias=True).double()
+        other.load_state_dict(mha.state_dict(), assign=assign)
+        assert torch.equal(other.W_value.bias, mha.W_value.bias)
+        x = torch.randn(2, 4, 5, dtype=torch.float64)
+        with torch.no_grad():
+            assert_close(other(x), mha(x), atol=1e-12, rtol=1e-10)
 
 
-def test_mha_fast_path_without_gradients_reads_the_weights_without_copying():
+def test_mha_fast_path_without_gradients_projects_with_the_three_layers_and_copies_nothing():
     torch.manual_seed(15)
     mha = MultiHeadAttention(6, 8, 5, 0.0, num_heads=2, qkv_bias=True).eval()
     x = torch.randn(2, 5, 6)
     expected = mha(x, return_weights=True)[0]
     with torch.no_grad():
         out = mha(x)
-        assert "aten::cat" not in {name for name, _ in _aten_calls(lambda: mha(x))}
-        mha.W_key.weight.data.mul_(3.0)  # an edit the stacked view must see
+        calls = _aten_calls(lambda: mha(x))
+        assert "aten::cat" not in {name for name, _ in calls}
+        assert [shapes[1] for name, shapes in calls if name == "aten::linear"] == [
+            [8, 6], [8, 6], [8, 6], [8, 8]]
+        mha.W_key.weight.data.mul_(3.0)  # an edit the next call must see
         out_edited = mha(x)
     assert_close(out, expected, atol=1e-6, rtol=1e-5)
     assert_close(out_edited, mha(x, return_weights=True)[0], atol=1e-6, rtol=1e-5)
     assert not torch.allclose(out, out_edited)
-    # With gradients too: the stacked weight is read in place (_ReadStacked), no torch.cat.
-    assert "aten::cat" not in {name for name, _ in _aten_calls(lambda: mha(x))}
 
 
-def test_mha_fast_path_with_gradients_copies_no_weight_and_gives_each_its_gradient():
+def test_mha_fast_path_with_gradients_is_one_gemm_of_the_concatenated_weights():
     torch.manual_seed(17)
     mha = MultiHeadAttention(6, 8, 5, 0.0, num_heads=2, qkv_bias=True).double().eval()
     x = torch.randn(2, 5, 6, dtype=torch.float64, requires_grad=True)
     g = torch.randn(2, 5, 8, dtype=torch.float64)
-    assert "aten::cat" not in {name for name, _ in _aten_calls(lambda: mha(x))}
-    calls = _aten_calls(lambda: mha(x).backward(g))
-    # One cat in the backward: split's, joining the q, k, v gradients (b, N, 3 * d_out).
-    assert [name for name, _ in calls].count("aten::cat") == 1
-    x.grad = None
-    for p in mha.parameters():
-        p.grad = None
+    # Two cats (weights, biases) in the forward; one in the backward: split's.
+    assert [n for n, _ in _aten_calls(lambda: mha(x))].count("aten::cat") == 2
     mha(x).backward(g)
     grads = {name: p.grad.clone() for name, p in mha.named_parameters()}
     grad_x = x.grad.clone()
-    reference = copy.deepcopy(mha)  # its own, unpacked parameters
+    reference = copy.deepcopy(mha)
     x2 = x.detach().clone().requires_grad_(True)
     reference(x2, return_weights=True)[0].backward(g)
     for name, p in reference.named_parameters():
         assert_close(grads[name], p.grad, atol=1e-12, rtol=1e-10, msg=name)
     assert_close(grad_x, x2.grad, atol=1e-12, rtol=1e-10)
+    # x's gradient is the one GEMM's (the numbers of a layer with one packed weight).
+    w = torch.cat([mha.W_query.weight, mha.W_key.weight, mha.W_value.weight]).detach()
+    b = torch.cat([mha.W_query.bias, mha.W_key.bias, mha.W_value.bias]).detach()
+    packed = copy.deepcopy(mha)
+    x3 = x.detach().clone().requires_grad_(True)
 
+    def one_weight(inputs, context=None, fused=True):  # ONE packed weight
+        return torch.nn.functional.linear(inputs, w, b).split(8, dim=-1)
 
-def test_mha_fast_path_refuses_a_backward_after_a_weight_changed_in_place():
-    # The stacked weight the forward read is the parameters' storage: an in-place
-    # change before the backward would give wrong gradients, so autograd refuses,
-    # as it does for nn.Linear.
-    torch.manual_seed(18)
-    mha = MultiHeadAttention(6, 8, 5, 0.0, num_heads=2).eval()
-    out = mha(torch.randn(2, 5, 6, requires_grad=True))
-    with torch.no_grad():
-        mha.W_key.weight.mul_(2.0)
-    with pytest.raises(RuntimeError):
-        out.sum().backward()
+    packed.project = one_weight
+    packed(x3).backward(g)
+    assert torch.equal(x3.grad, grad_x)  # bit for bit: the same GEMMs
 
 
 @pytest.mark.parametrize("grad", [False, True])
@@ -370,8 +366,7 @@ def test_mha_fast_path_follows_a_parameter_given_new_storage(grad):
     mha = MultiHeadAttention(6, 8, 5, 0.0, num_heads=2, qkv_bias=True).eval()
     x = torch.randn(2, 5, 6)
     new_weight = torch.randn(8, 6)
-    mha.W_value.weight.data = new_weight  # no longer in the stacked storage
-    assert not _packed(mha)
+    mha.W_value.weight.data = new_weight
     with torch.set_grad_enabled(grad):
         out = mha(x)
         expected = mha(x, return_weights=True)[0]
@@ -379,22 +374,7 @@ def test_mha_fast_path_follows_a_parameter_given_new_storage(grad):
     if grad:
         out.sum().backward()
         assert mha.W_value.weight.grad is not None and mha.W_key.weight.grad is not None
-    mha.float()  # _apply packs them again
-    assert _packed(mha)
     assert torch.equal(mha.W_value.weight, new_weight)
-
-
-def test_mha_fast_path_is_right_when_the_weights_are_not_side_by_side():
-    import copy
-
-    torch.manual_seed(16)
-    mha = MultiHeadAttention(6, 8, 5, 0.0, num_heads=2).eval()
-    unpacked = copy.deepcopy(mha)  # deepcopy clones each parameter on its own
-    unpacked.W_key.weight = nn.Parameter(unpacked.W_key.weight.detach().clone())
-    assert not _packed(unpacked)
-    x = torch.randn(2, 5, 6)
-    with torch.no_grad():
-        assert_close(unpacked(x), mha(x), atol=1e-6, rtol=1e-5)
 
 
 def test_mha_fast_and_readable_paths_agree_in_train_mode_without_dropout():

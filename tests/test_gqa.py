@@ -253,12 +253,12 @@ def test_exported():
 
 
 def test_fast_path_without_enable_gqa_falls_back_to_repeat_interleave(monkeypatch):
-    import attnlib._heads
+    import attnlib.functional
 
     m = _gqa(seed=8, num_heads=6, num_kv_groups=2)
     x = torch.randn(2, 9, 10, dtype=torch.float64)
     expected = _reference(m, x)
-    monkeypatch.setattr(attnlib._heads, "_SDPA_HAS_ENABLE_GQA", False)
+    monkeypatch.setattr(attnlib.functional, "_SDPA_HAS_ENABLE_GQA", False)
     assert_close(m(x), expected, atol=1e-12, rtol=1e-10)
     cache = KVCache()
     chunks = [m(x[:, :4], kv_cache=cache), m(x[:, 4:], kv_cache=cache)]

@@ -1,9 +1,10 @@
 """attnlib's MultiHeadAttention runs the ATen operators of the benchmark's bare
-kernels (issue 33.5): torch.profiler's operator names and counts, not times.
+kernels (issue 33.5), apart from the query/key/value projection (issue 27: three
+nn.Linear layers with their own storage, no packed weight): torch.profiler's
+operator names and counts, not times.
 
 On an H200 in bfloat16 attnlib took 1.45x the bare kernels' time forward at
-N=1024; on the CPU the two launched the same kernels, apart from two
-``torch.cat`` of the weights per training step, which these tests keep out.
+N=1024; on the CPU the two launched the same kernels apart from the projection.
 """
 
 import dataclasses
@@ -51,8 +52,10 @@ def test_forward_runs_exactly_the_bare_kernels_operators(dtype, qkv_bias):
     built = _contestants(dtype, qkv_bias)
     x = _x(dtype)
     ours, floor = (_aten_ops(built[name], x, "forward") for name in ("attnlib", "bare_kernels"))
-    assert ours == floor  # views included: no upcast, no mask, no copy, no extra view
-    assert ours["aten::linear"] == 2  # one fused QKV projection and out_proj
+    launching = {k for k in set(ours) | set(floor)
+                 if ours.get(k, 0) != floor.get(k, 0) and not bench.is_view_operator(k)}
+    assert launching <= bench.PROJECTION_OPERATORS  # no upcast, no mask, no copy
+    assert ours["aten::linear"] == 4 and floor["aten::linear"] == 2  # 3 projections + out_proj
     assert not {"aten::cat", "aten::to", "aten::_to_copy", "aten::tril"} & set(ours)
 
 
@@ -66,11 +69,13 @@ def test_forward_backward_launches_the_bare_kernels_operators(dtype):
     def launching(counts):
         return {k: v for k, v in counts.items() if not bench.is_view_operator(k)}
 
-    assert launching(ours) == launching(floor)
-    assert ours["aten::cat"] == 1  # split's backward (the q, k, v gradients), as in the floor
-    # What differs are views: attnlib's six QKV parameters get six views of one gradient.
+    ours_launching, floor_launching = launching(ours), launching(floor)
+    # The concatenated weight and bias (two cats) join split's backward (one, as in the floor).
+    assert ours_launching.pop("aten::cat") == 3 and floor_launching.pop("aten::cat") == 1
+    assert ours_launching == floor_launching
+    # What else differs are views: attnlib's six QKV parameters get six views of one gradient.
     assert all(bench.is_view_operator(k) for k in set(ours) | set(floor)
-               if ours.get(k, 0) != floor.get(k, 0))
+               if ours.get(k, 0) != floor.get(k, 0) and k != "aten::cat")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -78,8 +83,10 @@ def test_operator_parity_passes_for_attnlib_in_both_modes(dtype):
     parity = bench.operator_parity(_contestants(dtype), _x(dtype))
     assert parity["dtype"] == str(dtype).removeprefix("torch.")
     forward, forward_backward = parity["modes"]
-    assert forward["mode"] == "forward" and forward["same_all"] and forward["passed"]
-    assert forward_backward["passed"] and not forward_backward["launching_difference"]
+    assert forward["mode"] == "forward" and forward["passed"]
+    assert set(forward["launching_difference"]) <= bench.PROJECTION_OPERATORS
+    assert forward_backward["passed"]
+    assert set(forward_backward["launching_difference"]) == {"aten::cat"}
     text = bench.format_operator_parity(parity)
     assert text.count("PASS") == 2 and "FAIL" not in text
 

@@ -24,12 +24,12 @@ part of) one causal self-attention layer of GPT-2-small's size
   ``view``/``transpose`` into heads, ``scaled_dot_product_attention(is_causal=True)``,
   ``transpose`` back and ``reshape`` (a copy), and the output
   :func:`~torch.nn.functional.linear`. attnlib can at best match it; the gap
-  is the module's overhead. attnlib reads its three weights, which it keeps
-  side by side, as one matrix without a copy, in both modes (with gradients
-  through a function whose backward hands each weight its rows of the
-  gradient), so it runs the floor's ATen operators: the same ones in
-  ``forward``, and in ``forward_backward`` the same kernel-launching ones,
-  plus a few views (it has six QKV parameters where the floor has two).
+  is the module's overhead. attnlib keeps its three weights as three
+  ``nn.Linear`` layers: without gradients it applies them one by one (three
+  GEMMs, no copy, as fast on the CPU as the floor's one), with gradients it
+  concatenates them on the call into one ``F.linear``. Apart from that
+  projection it runs the floor's kernel-launching ATen operators, plus a few
+  views (:data:`PROJECTION_OPERATORS` lists the projection's).
   :func:`operator_parity` checks this with :mod:`torch.profiler` and the
   command line prints it; what is left of a time gap is then the Python that
   launches the kernels (a fixed few tens of microseconds per call, large
@@ -129,6 +129,7 @@ __all__ = [
     "format_table",
     "format_sweeps",
     "is_view_operator",
+    "PROJECTION_OPERATORS",
     "operator_counts",
     "operator_parity",
     "format_operator_parity",
@@ -161,7 +162,13 @@ from ._contestants import (
     make_contestants,
 )
 from ._memory import peak_memory_bytes
-from ._operators import format_operator_parity, is_view_operator, operator_counts, operator_parity
+from ._operators import (
+    PROJECTION_OPERATORS,
+    format_operator_parity,
+    is_view_operator,
+    operator_counts,
+    operator_parity,
+)
 from ._report import format_sweeps, format_table
 from ._sweeps import loglog_slope, plot_memory_sweep, run_kernel_timing, run_memory_sweep
 from ._timing import time_contestants
