@@ -129,12 +129,20 @@ class JourneyAttentionGraph(nn.Module):
     Raises:
         TypeError: ``mha`` is not a :class:`attnlib.MultiHeadAttention` or
             ``embeddings`` is not a float tensor.
-        ValueError: ``embeddings`` is not 2-D or its width is not ``mha.d_in``.
+        ValueError: ``embeddings`` is not 2-D or its width is not ``mha.d_in``;
+            ``mha`` shares key/value heads or has RoPE (a
+            :class:`attnlib.GroupedQueryAttention`).
     """
 
     def __init__(self, mha: MultiHeadAttention, embeddings: torch.Tensor | None = None) -> None:
         if not isinstance(mha, MultiHeadAttention):
             raise TypeError(f"mha must be an attnlib.MultiHeadAttention, got {type_name(mha)}")
+        if mha.num_kv_groups != mha.num_heads or mha.rope is not None:
+            raise ValueError(
+                "mha must be chapter 6's multi-head attention, without shared key/value "
+                f"heads or RoPE: got num_kv_groups={mha.num_kv_groups}, "
+                f"num_heads={mha.num_heads}, rope={mha.rope is not None}"
+            )
         if embeddings is None:
             embeddings = journey_embeddings()
         if not isinstance(embeddings, torch.Tensor) or not embeddings.is_floating_point():

@@ -480,10 +480,18 @@ def mha_to_gpt2_attention(module: MultiHeadAttention, hf_attn: Any) -> Any:
 
     Raises:
         TypeError: wrong module types.
-        ValueError: the sizes or the numbers of heads differ.
+        ValueError: the sizes or the numbers of heads differ, or ``module``
+            shares key/value heads or has RoPE (a
+            :class:`attnlib.GroupedQueryAttention`, a subclass).
     """
     if not isinstance(module, MultiHeadAttention):
         raise TypeError(f"module must be an attnlib.MultiHeadAttention, got {type_name(module)}")
+    if module.num_kv_groups != module.num_heads or module.rope is not None:
+        raise ValueError(
+            "GPT-2's attention is multi-head attention without RoPE: module has "
+            f"num_kv_groups={module.num_kv_groups} (num_heads={module.num_heads}) and "
+            f"rope={module.rope is not None}"
+        )
     _check_gpt2(hf_attn)
     d = int(hf_attn.c_proj.weight.shape[0])
     if (module.d_in, module.d_out, module.num_heads * module.head_dim) != (d, d, d) or (

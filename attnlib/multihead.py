@@ -618,7 +618,7 @@ class MultiHeadAttention(nn.Module):
     def options_repr(self) -> str:
         """The non-default options, for ``extra_repr``: ``", causal=False, sinks=True"``."""
         return "".join(
-            f", {name}={value}"
+            f", {name}={value!r}"
             for name, value, default in (
                 ("causal", self.causal, True),
                 ("qk_norm", self.qk_norm is not None, False),
