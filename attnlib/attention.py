@@ -43,10 +43,7 @@ import torch
 import torch.nn as nn
 
 from ._heads import register_causal_mask
-from ._validation import check_bool as _check_bool
-from ._validation import check_dropout as _check_dropout
-from ._validation import check_input as _check_input
-from ._validation import check_positive_int as _check_positive_int
+from ._validation import check_bool, check_dropout, check_input, check_positive_int
 
 __all__ = [
     "SelfAttention_v1",
@@ -87,8 +84,8 @@ class SelfAttention_v1(nn.Module):
     """
 
     def __init__(self, d_in: int, d_out: int) -> None:
-        _check_positive_int("d_in", d_in)
-        _check_positive_int("d_out", d_out)
+        check_positive_int("d_in", d_in)
+        check_positive_int("d_out", d_out)
         super().__init__()
         self.d_in = d_in
         self.d_out = d_out
@@ -112,7 +109,7 @@ class SelfAttention_v1(nn.Module):
             ValueError: ``x`` is not 2- or 3-D, ``x.shape[-1] != d_in``, or ``x``
                 has no tokens.
         """
-        _check_input(x, self.d_in, (2, 3), like=self.W_query)
+        check_input(x, self.d_in, (2, 3), like=self.W_query)
         keys = x @ self.W_key  # (..., num_tokens, d_out)
         queries = x @ self.W_query  # (..., num_tokens, d_out)
         values = x @ self.W_value  # (..., num_tokens, d_out)
@@ -156,9 +153,9 @@ class SelfAttention_v2(nn.Module):
     """
 
     def __init__(self, d_in: int, d_out: int, qkv_bias: bool = False) -> None:
-        _check_positive_int("d_in", d_in)
-        _check_positive_int("d_out", d_out)
-        _check_bool("qkv_bias", qkv_bias)
+        check_positive_int("d_in", d_in)
+        check_positive_int("d_out", d_out)
+        check_bool("qkv_bias", qkv_bias)
         super().__init__()
         self.d_in = d_in
         self.d_out = d_out
@@ -182,7 +179,7 @@ class SelfAttention_v2(nn.Module):
             ValueError: ``x`` is not 2- or 3-D, ``x.shape[-1] != d_in``, or ``x``
                 has no tokens.
         """
-        _check_input(x, self.d_in, (2, 3), like=self.W_query.weight)
+        check_input(x, self.d_in, (2, 3), like=self.W_query.weight)
         keys = self.W_key(x)  # (..., num_tokens, d_out)
         queries = self.W_query(x)  # (..., num_tokens, d_out)
         values = self.W_value(x)  # (..., num_tokens, d_out)
@@ -256,11 +253,11 @@ class CausalAttention(nn.Module):
         dropout: float,
         qkv_bias: bool = False,
     ) -> None:
-        _check_positive_int("d_in", d_in)
-        _check_positive_int("d_out", d_out)
-        _check_positive_int("context_length", context_length)
-        _check_dropout(dropout)
-        _check_bool("qkv_bias", qkv_bias)
+        check_positive_int("d_in", d_in)
+        check_positive_int("d_out", d_out)
+        check_positive_int("context_length", context_length)
+        check_dropout(dropout)
+        check_bool("qkv_bias", qkv_bias)
         super().__init__()
         self.d_in = d_in
         self.d_out = d_out
@@ -309,8 +306,8 @@ class CausalAttention(nn.Module):
             ValueError: ``x`` is not 2- or 3-D, ``x.shape[-1] != d_in``, ``x``
                 has no tokens, or ``num_tokens > context_length``.
         """
-        _check_input(x, self.d_in, (2, 3), self.context_length, like=self.W_query.weight)
-        _check_bool("return_weights", return_weights)
+        check_input(x, self.d_in, (2, 3), self.context_length, like=self.W_query.weight)
+        check_bool("return_weights", return_weights)
         num_tokens = x.shape[-2]
         keys = self.W_key(x)  # (..., num_tokens, d_out)
         queries = self.W_query(x)  # (..., num_tokens, d_out)

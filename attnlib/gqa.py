@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ._validation import check_bool as _check_bool
+from ._validation import check_bool
 from .multihead import MultiHeadAttention
 from .positional import RotaryPositionalEmbedding
 
@@ -156,7 +156,7 @@ class GroupedQueryAttention(MultiHeadAttention):
         causal: bool = True,
         attn_implementation: str = "sdpa",
     ) -> None:
-        _check_bool("rope", rope)
+        check_bool("rope", rope)
         # Multi-head attention's layer, with num_kv_groups key/value heads:
         # W_key and W_value map d_in -> num_kv_groups * head_dim.
         super().__init__(

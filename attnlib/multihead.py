@@ -37,11 +37,7 @@ from ._heads import (
     register_no_mask,
     resolve_head_dim,
 )
-from ._validation import check_bool as _check_bool
-from ._validation import check_dropout as _check_dropout
-from ._validation import check_input as _check_input
-from ._validation import check_positive_int as _check_positive_int
-from ._validation import type_name
+from ._validation import check_bool, check_dropout, check_input, check_positive_int, type_name
 from .attention import CausalAttention
 from .functional import (
     ATTN_IMPLEMENTATIONS,
@@ -106,12 +102,12 @@ class MultiHeadAttentionWrapper(nn.Module):
         num_heads: int,
         qkv_bias: bool = False,
     ) -> None:
-        _check_positive_int("d_in", d_in)
-        _check_positive_int("d_out", d_out)
-        _check_positive_int("context_length", context_length)
-        _check_dropout(dropout)
-        _check_positive_int("num_heads", num_heads)
-        _check_bool("qkv_bias", qkv_bias)
+        check_positive_int("d_in", d_in)
+        check_positive_int("d_out", d_out)
+        check_positive_int("context_length", context_length)
+        check_dropout(dropout)
+        check_positive_int("num_heads", num_heads)
+        check_bool("qkv_bias", qkv_bias)
         super().__init__()
         self.d_in = d_in
         self.d_out = d_out
@@ -163,8 +159,8 @@ class MultiHeadAttentionWrapper(nn.Module):
             ValueError: ``x`` is not 2- or 3-D, ``x.shape[-1] != d_in``, ``x``
                 has no tokens, or ``num_tokens > context_length``.
         """
-        _check_input(x, self.d_in, (2, 3), self.context_length)
-        _check_bool("return_weights", return_weights)
+        check_input(x, self.d_in, (2, 3), self.context_length)
+        check_bool("return_weights", return_weights)
         if not return_weights:
             # (..., num_tokens, d_out * num_heads)
             return torch.cat([head(x) for head in self.heads], dim=-1)
@@ -342,15 +338,15 @@ class MultiHeadAttention(nn.Module):
         num_kv_groups: int | None = None,
     ) -> None:
         for name, size in (("d_in", d_in), ("d_out", d_out), ("context_length", context_length)):
-            _check_positive_int(name, size)
-        _check_dropout(dropout)
-        _check_positive_int("num_heads", num_heads)
+            check_positive_int(name, size)
+        check_dropout(dropout)
+        check_positive_int("num_heads", num_heads)
         num_kv_groups = num_heads if num_kv_groups is None else num_kv_groups
-        _check_positive_int("num_kv_groups", num_kv_groups)
+        check_positive_int("num_kv_groups", num_kv_groups)
         for name, flag in (("qkv_bias", qkv_bias), ("out_bias", out_bias),
                            ("mask_buffer", mask_buffer), ("qk_norm", qk_norm),
                            ("sinks", sinks), ("causal", causal)):
-            _check_bool(name, flag)
+            check_bool(name, flag)
         head_dim = resolve_head_dim(d_out, num_heads, head_dim)
         if num_heads % num_kv_groups != 0:
             raise ValueError(
@@ -513,8 +509,8 @@ class MultiHeadAttention(nn.Module):
             TypeError, ValueError: as :meth:`forward` documents; a ``context``
                 given to a causal module or one with RoPE, or with a cache.
         """
-        _check_input(x, self.d_in, (3,), self.context_length, like=self.W_query.weight)
-        _check_bool("return_weights", return_weights)
+        check_input(x, self.d_in, (3,), self.context_length, like=self.W_query.weight)
+        check_bool("return_weights", return_weights)
         cached = num_cached(kv_cache, x.shape[1], self.context_length)
         source = check_context(self, context, x, kv_cache)  # keys and values come from it
         check_key_padding_mask(key_padding_mask, x.shape[0], cached + source.shape[1], x.device)
@@ -680,7 +676,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("module must have add_bias_kv=False, got add_bias_kv=True")
         if module.add_zero_attn:
             raise ValueError("module must have add_zero_attn=False, got add_zero_attn=True")
-        _check_positive_int("context_length", context_length)
+        check_positive_int("context_length", context_length)
 
         qkv_bias = module.in_proj_bias is not None
         out_bias = module.out_proj.bias is not None
