@@ -21,7 +21,8 @@ block's weights from the saved log-sum-exp instead of storing them (Dao et al.
 too needs memory linear in the number of tokens. Unlike FlashAttention's, it
 takes two passes over the tiles, the first to sum each row's recomputed weights
 and their products with ``dP``, which keeps float32 gradients as accurate as
-torch's at large scores (see ``_flash_backward``). :func:`flash_attention_forward`
+torch's at large scores; :func:`flash_attention_backward` is the tile loop it shares
+with ring attention. :func:`flash_attention_forward`
 is the bare loop; autograd can differentiate it, but then keeps every block's
 tensors, which adds up to the full matrix again.
 
@@ -38,9 +39,10 @@ from typing import Any
 
 import torch
 
-from ._validation import check_positive_int, check_sdpa_inputs
+from ._validation import check_positive_int, check_sdpa_inputs, type_name
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "flash_attention", "flash_attention_forward"]
+__all__ = ["DEFAULT_BLOCK_SIZE", "compute_dtype", "differentiable_once", "flash_attention",
+           "flash_attention_backward", "flash_attention_forward"]
 
 DEFAULT_BLOCK_SIZE = 256
 """Query and key/value block size used when none is given (tuned on a 2-core CPU)."""
@@ -53,9 +55,16 @@ def _check_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return check_positive_int("block_size", block_size)
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    # Half-precision inputs get float32 running statistics, as FlashAttention's
-    # kernels keep their accumulators in float32.
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the tiled loops compute in for inputs of ``dtype``: float32 for float16
+    and bfloat16 (FlashAttention's kernels keep their accumulators in float32), else
+    ``dtype`` itself. Ring attention's running results and gradients use it too.
+
+    Raises:
+        TypeError: ``dtype`` is not a ``torch.dtype``.
+    """
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {type_name(dtype)}")
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
@@ -120,7 +129,7 @@ def flash_attention_forward(
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     num_tokens_q, num_tokens_kv = query.shape[-2], key.shape[-2]
-    dtype = _compute_dtype(query.dtype)
+    dtype = compute_dtype(query.dtype)
     lead = query.shape[:-2]  # the (batch, head) dimensions
 
     # The outputs are allocated once and each block of query rows is written into its
@@ -179,11 +188,27 @@ class _SecondDerivativeError(torch.autograd.Function):
         raise RuntimeError(ctx.message)
 
 
-def _once_differentiable(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorate an ``autograd.Function.backward`` computed without a graph: with
-    ``create_graph=True`` its gradients come back linked to the saved tensors and the
-    incoming gradients through a node whose own backward raises a RuntimeError saying
-    that ``name`` is differentiable once."""
+def differentiable_once(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate an ``autograd.Function.backward`` computed without a graph.
+
+    The backward runs under ``torch.no_grad()``. With ``create_graph=True`` its
+    gradients come back linked to the saved tensors and the incoming gradients through
+    a node whose own backward raises a RuntimeError saying that ``name`` is
+    differentiable once (torch's ``once_differentiable`` would let a second backward
+    fail with torch's generic words). :func:`flash_attention`, ring attention and the
+    Triton kernels' autograd functions use it.
+
+    Args:
+        name: the public function the message names, e.g. ``"attnlib.flash.flash_attention"``.
+
+    Returns:
+        The decorator.
+
+    Raises:
+        TypeError: ``name`` is not a str.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type_name(name)}")
     message = (f"{name} is differentiable once: its backward pass is computed outside "
                "autograd, so the gradients it returned with create_graph=True cannot be "
                "differentiated again. For second derivatives (double backward) use "
@@ -224,7 +249,7 @@ class _FlashAttentionFunction(torch.autograd.Function):
         return context_vec
 
     @staticmethod
-    @_once_differentiable("attnlib.flash.flash_attention")
+    @differentiable_once("attnlib.flash.flash_attention")
     def backward(ctx: Any, grad_context: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None, None]:
         query, key, value, logsumexp = ctx.saved_tensors
@@ -249,7 +274,7 @@ def _recompute_tile(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One tile's blocks, ``E = exp(S - L)`` and ``dP = dO @ V^T``, as the forward computed S.
 
-    Both backward passes call this, so both see the same bits. Returns
+    Every backward pass calls this, so all see the same bits. Returns
     ``(q_block, k_block, exp_scores, grad_weights)``; the last two are ``(..., Bq, Bk)``.
     """
     q_start, q_end, kv_start, kv_end = tile
@@ -266,19 +291,118 @@ def _recompute_tile(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return q_block, k_block, exp_scores, grad_weights
 
 
+def _check_row_terms(query: torch.Tensor, value: torch.Tensor, **rows: object) -> None:
+    """Each of ``rows`` must be a floating-point tensor ``(..., num_tokens_q, width)``:
+    ``grad_context`` as wide as the value, the others one column (or None, ``row_sum``)."""
+    for name, t in rows.items():
+        if t is None and name == "row_sum":
+            continue
+        width = value.shape[-1] if name == "grad_context" else 1
+        expected = (*query.shape[:-1], width)
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {type_name(t)}")
+        if tuple(t.shape) != expected:
+            raise ValueError(f"{name} must have shape {expected} (the query's rows, "
+                             f"{width} wide), got {tuple(t.shape)}")
+        if t.device != query.device:
+            raise ValueError(f"{name} is on {t.device}, the query on {query.device}")
+
+
+def flash_attention_backward(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    logsumexp: torch.Tensor,
+    grad_context: torch.Tensor,
+    delta: torch.Tensor,
+    is_causal: bool = False,
+    scale: float | None = None,
+    *,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    row_sum: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients of tiled attention, recomputing each tile's weights from ``L``.
+
+    FlashAttention-2's backward loop (Dao 2023, Algorithm 2) in PyTorch: an outer loop
+    over blocks of keys and values, an inner loop over the blocks of queries that see
+    them. Each tile recomputes the scores ``S = Q K^T * scale`` exactly as
+    :func:`attnlib.flash.flash_attention_forward` computed them (same mask), and from the
+    saved log-sum-exp ``L`` the weights ``P = exp(S - L)``, divided by ``row_sum`` when
+    it is given. Then, with ``dP = dO V^T`` and ``D`` the row term passed in::
+
+        dS = P * (dP - D)              (the softmax's backward, per row)
+        dV += P^T dO,   dQ += dS K * scale,   dK += dS^T Q * scale
+
+    ``D_i = sum_j P_ij dP_ij``, which equals ``rowsum(dO_i * O_i)``: FlashAttention and
+    ring attention pass that (:func:`attnlib.distributed.ring_attention`, with ``L``
+    of the whole sequence), as the Triton kernels' ``delta_kernel`` computes it
+    (``attnlib.flash_triton.kernels``, the same formulas in base 2).
+    :func:`attnlib.flash.flash_attention` first sums each row's ``exp(S - L)``
+    (``row_sum``) and ``D`` from the same recomputed tiles, which keeps float32 gradients
+    as accurate as torch's at large scores.
+
+    Args:
+        query: ``(..., num_tokens_q, d_k)``.
+        key: ``(..., num_tokens_kv, d_k)``.
+        value: ``(..., num_tokens_kv, d_v)``.
+        logsumexp: ``(..., num_tokens_q, 1)``, ``log sum_j exp(S_ij)`` as the forward
+            returned it (its dtype is the compute dtype: float32 for half precision).
+        grad_context: ``(..., num_tokens_q, d_v)``, the gradient of the output ``dO``.
+        delta: ``(..., num_tokens_q, 1)``, ``D_i = rowsum(dO_i * O_i)``.
+        is_causal: query ``i`` sees keys ``j <= i`` (top-left), as in the forward.
+        scale: multiplier of the scores; default ``1 / sqrt(d_k)``.
+        block_size: keyword-only; rows of queries and keys per tile, any int >= 1.
+        row_sum: keyword-only; ``(..., num_tokens_q, 1)`` or None (default): each row's
+            ``sum_j exp(S_ij - L_i)``, 1 up to rounding, to divide ``P`` by.
+
+    Returns:
+        ``(grad_query, grad_key, grad_value)``, shaped as the inputs, in the dtype of
+        ``logsumexp`` (the caller casts them back).
+
+    Raises:
+        TypeError: a tensor is not floating point or the inputs' dtypes differ;
+            ``is_causal`` is not a bool; ``scale`` not a number; ``block_size`` not an int.
+        ValueError: as :func:`attnlib.flash.flash_attention_forward` raises them; or
+            ``logsumexp``, ``grad_context``, ``delta`` or ``row_sum`` does not have the
+            query's rows and its width, or is on another device.
+
+    Source: Dao (2023), "FlashAttention-2", Algorithm 2 and section 3.1.2; Dao et al.
+    (2022), "FlashAttention", Algorithm 4 and appendix B.2 (``D = rowsum(dO * O)``).
+    """
+    block_size = _check_inputs(query, key, value, is_causal, scale, block_size)
+    _check_row_terms(query, value, logsumexp=logsumexp, grad_context=grad_context,
+                     delta=delta, row_sum=row_sum)
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
+    dtype = logsumexp.dtype
+    grad_context = grad_context.to(dtype)
+    grad_query = torch.zeros(query.shape, dtype=dtype, device=query.device)
+    grad_key = torch.zeros(key.shape, dtype=dtype, device=key.device)
+    grad_value = torch.zeros(value.shape, dtype=dtype, device=value.device)
+    for tile in _backward_tiles(query.shape[-2], key.shape[-2], is_causal, block_size):
+        q_block, k_block, attn_weights, grad_weights = _recompute_tile(
+            query, key, value, logsumexp, grad_context, tile, is_causal, scale)
+        rows, cols = slice(tile[0], tile[1]), slice(tile[2], tile[3])
+        if row_sum is not None:
+            attn_weights = attn_weights / row_sum[..., rows, :]  # (..., Bq, Bk)
+        grad_value[..., cols, :] += attn_weights.transpose(-2, -1) @ grad_context[..., rows, :]
+        # dS = P * (dP - D), the gradient of the scaled scores; times scale, that of
+        # query @ key^T.
+        grad_scores = attn_weights * (grad_weights - delta[..., rows, :]) * scale
+        grad_query[..., rows, :] += grad_scores @ k_block
+        grad_key[..., cols, :] += grad_scores.transpose(-2, -1) @ q_block
+    return grad_query, grad_key, grad_value
+
+
 def _flash_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     logsumexp: torch.Tensor, grad_context: torch.Tensor, is_causal: bool,
                     scale: float, block_size: int
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of tiled attention, recomputing each tile's weights (FA-2, Algorithm 2).
-
-    Two passes over the tiles. The first sums, for each query row, the recomputed
-    ``E_ij = exp(S_ij - L_i)`` and ``E_ij dP_ij``; the second uses the weights
-    ``P_ij = E_ij / sum_j E_ij`` and ``D_i = sum_j P_ij dP_ij`` to form
-    ``dS = P * (dP - D)`` and the three gradients.
+    """:func:`flash_attention_backward` after a first pass that sums, per query row,
+    ``E_ij = exp(S_ij - L_i)`` and ``E_ij dP_ij``, for ``row_sum`` and ``D``.
 
     FlashAttention divides by nothing (``P = E``) and takes ``D_i = dO_i . O_i``,
-    equal in exact arithmetic, which saves the first pass. In float32 both lose
+    equal in exact arithmetic, which saves this pass. In float32 both lose
     accuracy where scores are large: ``L`` is rounded to float32, an error of up to
     ``|L| * 6e-8`` in every exponent (2e-5 at ``L = 300``), and ``D`` computed from
     ``O`` does not cancel the rounding of ``dP``, so ``sum_j dS_ij`` is not 0 and the
@@ -287,35 +411,20 @@ def _flash_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     the same ``P`` and ``dP`` makes each row of ``dS`` sum to 0, as in the softmax's
     own backward.
     """
-    dtype = logsumexp.dtype
-    grad_context = grad_context.to(dtype)
-    tiles = list(_backward_tiles(query.shape[-2], key.shape[-2], is_causal, block_size))
-    args = (query, key, value, logsumexp, grad_context)
-
+    grad_context = grad_context.to(logsumexp.dtype)
     exp_sum = torch.zeros_like(logsumexp)  # (..., N_q, 1): sum_j E_ij, 1 up to rounding
     weighted = torch.zeros_like(logsumexp)  # (..., N_q, 1): sum_j E_ij dP_ij
-    for tile in tiles:
-        _, _, exp_scores, grad_weights = _recompute_tile(*args, tile, is_causal, scale)
+    for tile in _backward_tiles(query.shape[-2], key.shape[-2], is_causal, block_size):
+        _, _, exp_scores, grad_weights = _recompute_tile(
+            query, key, value, logsumexp, grad_context, tile, is_causal, scale)
         rows = slice(tile[0], tile[1])
         exp_sum[..., rows, :] += exp_scores.sum(dim=-1, keepdim=True)
         weighted[..., rows, :] += (exp_scores * grad_weights).sum(dim=-1, keepdim=True)
     delta = weighted / exp_sum  # (..., N_q, 1): D_i = sum_j P_ij dP_ij
-
-    grad_query = torch.zeros(query.shape, dtype=dtype, device=query.device)
-    grad_key = torch.zeros(key.shape, dtype=dtype, device=key.device)
-    grad_value = torch.zeros(value.shape, dtype=dtype, device=value.device)
-    for tile in tiles:
-        q_block, k_block, exp_scores, grad_weights = _recompute_tile(
-            *args, tile, is_causal, scale)
-        rows, cols = slice(tile[0], tile[1]), slice(tile[2], tile[3])
-        attn_weights = exp_scores / exp_sum[..., rows, :]  # (..., Bq, Bk): rows sum to 1
-        grad_value[..., cols, :] += attn_weights.transpose(-2, -1) @ grad_context[..., rows, :]
-        # dS = P * (dP - D), the gradient of the scaled scores; times scale, that of
-        # query @ key^T.
-        grad_scores = attn_weights * (grad_weights - delta[..., rows, :]) * scale
-        grad_query[..., rows, :] += grad_scores @ k_block
-        grad_key[..., cols, :] += grad_scores.transpose(-2, -1) @ q_block
-    return grad_query.to(query.dtype), grad_key.to(key.dtype), grad_value.to(value.dtype)
+    grads = flash_attention_backward(query, key, value, logsumexp, grad_context, delta,
+                                     is_causal, scale, block_size=block_size,
+                                     row_sum=exp_sum)
+    return grads[0].to(query.dtype), grads[1].to(key.dtype), grads[2].to(value.dtype)
 
 
 def flash_attention(

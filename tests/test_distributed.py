@@ -415,7 +415,7 @@ def test_the_schedule_computes_every_visible_pair_once_and_skips_only_hidden_one
             if step.kind == "skip":
                 continue
             k_pos = shard_positions(num_tokens, step.source, world_size, layout)
-            rows, cols, causal = distributed._step_slices(step.kind, n)
+            rows, cols, causal = step.slices(n)
             computed = torch.zeros(n, n, dtype=torch.bool)
             computed[rows, cols] = True
             if causal:

@@ -20,14 +20,11 @@ import sys
 import numpy as np
 import pytest
 import torch
+from _triton_helpers import CUDA, import_triton  # sets TRITON_INTERPRET first
 
-CUDA = torch.cuda.is_available()
-if not CUDA and "triton" not in sys.modules:
-    os.environ["TRITON_INTERPRET"] = "1"  # before Triton's first import in this process
-triton = pytest.importorskip("triton", reason="Triton is not installed: kernel checkers untested")
+triton, _ = import_triton(reason="Triton is not installed: kernel checkers untested")
 import triton.language as tl  # noqa: E402
 
-from attnlib import flash_triton  # noqa: E402
 from attnlib.exercises import (  # noqa: E402
     CheckFailed,
     check_block_size,
@@ -35,10 +32,6 @@ from attnlib.exercises import (  # noqa: E402
     check_logsumexp_kernel,
 )
 from attnlib.exercises.kernel import _largest_block  # noqa: E402
-
-if not CUDA and not flash_triton._imported_interpreted(triton):
-    pytest.fail("Triton was imported (by an earlier test module) before this file could set "
-                "TRITON_INTERPRET=1, so the kernels cannot run on this CPU", pytrace=False)
 
 # ---------------------------------------------------------------------------
 # check_logsumexp_kernel: the book's solution and one kernel per mistake

@@ -237,6 +237,57 @@ def test_autograd_through_the_bare_forward_loop_gives_the_same_gradients():
         torch.testing.assert_close(g, e)
 
 
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("n_q, n_kv, block_size", [(7, 11, 3), (11, 7, 4), (9, 9, 20)])
+def test_the_backward_tile_loop_with_fa2s_delta_gives_torchs_gradients(is_causal, n_q, n_kv,
+                                                                        block_size):
+    # flash_attention_backward is the loop ring attention calls with D = rowsum(dO * O),
+    # FlashAttention-2's term, and no row_sum: it alone must give the float64 gradients.
+    query, key, value = _qkv(n_q=n_q, n_kv=n_kv, requires_grad=True)
+    grad_out = torch.randn(2, 3, n_q, 4, generator=torch.Generator().manual_seed(3),
+                           dtype=torch.float64)
+    out, lse = flash.flash_attention_forward(query.detach(), key.detach(), value.detach(),
+                                             is_causal, block_size=block_size)
+    delta = (grad_out * out).sum(dim=-1, keepdim=True)
+    ours = flash.flash_attention_backward(query.detach(), key.detach(), value.detach(), lse,
+                                          grad_out, delta, is_causal,
+                                          block_size=block_size)
+    theirs = torch.autograd.grad(
+        F.scaled_dot_product_attention(query, key, value, is_causal=is_causal),
+        (query, key, value), grad_out)
+    for name, g, e in zip(("query", "key", "value"), ours, theirs, strict=True):
+        torch.testing.assert_close(g, e, **TOL[torch.float64], msg=f"grad of {name}")
+
+
+@pytest.mark.parametrize(
+    "name, bad, error, match",
+    [
+        ("logsumexp", torch.zeros(2, 3, 7), ValueError, r"logsumexp must have shape \(2, 3, 7, 1\)"),
+        ("grad_context", torch.zeros(2, 3, 7, 5), ValueError,
+         r"grad_context must have shape \(2, 3, 7, 4\)"),
+        ("delta", [0.0], TypeError, "delta must be a floating-point tensor, got list"),
+        ("row_sum", torch.zeros(2, 3, 6, 1), ValueError, r"row_sum must have shape"),
+    ],
+)
+def test_backward_refuses_row_terms_of_the_wrong_shape(name, bad, error, match):
+    query, key, value = _qkv()
+    terms = {"logsumexp": torch.zeros(2, 3, 7, 1, dtype=torch.float64),
+             "grad_context": torch.zeros(2, 3, 7, 4, dtype=torch.float64),
+             "delta": torch.zeros(2, 3, 7, 1, dtype=torch.float64), name: bad}
+    row_sum = terms.pop("row_sum", None)
+    with pytest.raises(error, match=match):
+        flash.flash_attention_backward(query, key, value, **terms, row_sum=row_sum)
+
+
+def test_compute_dtype_and_differentiable_once_refuse_bad_arguments():
+    assert flash.compute_dtype(torch.bfloat16) is torch.float32
+    assert flash.compute_dtype(torch.float64) is torch.float64
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype, got str"):
+        flash.compute_dtype("float16")
+    with pytest.raises(TypeError, match="name must be a str, got int"):
+        flash.differentiable_once(3)
+
+
 def test_gradient_only_for_the_inputs_that_need_one():
     query, key, value = _qkv()
     value.requires_grad_(True)

@@ -26,14 +26,10 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from _triton_helpers import import_triton  # sets TRITON_INTERPRET first
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-CUDA = torch.cuda.is_available()
-if not CUDA and "triton" not in sys.modules:
-    os.environ["TRITON_INTERPRET"] = "1"  # before Triton's first import in this process
-pytest.importorskip(
-    "triton", reason="Triton is not installed (pip install 'attnlib[triton]'): kernel untested"
-)
+_, INTERPRETED = import_triton()
 
 from attnlib import flash_triton  # noqa: E402
 from attnlib.flash_triton import (  # noqa: E402
@@ -41,10 +37,6 @@ from attnlib.flash_triton import (  # noqa: E402
     flash_attention_triton_forward,
 )
 
-INTERPRETED = flash_triton._imported_interpreted(sys.modules["triton"])
-if not CUDA and not INTERPRETED:  # fail loudly: a skip would leave the kernel untested in CI
-    pytest.fail("Triton was imported (by an earlier test module) before this file could set "
-                "TRITON_INTERPRET=1, so the kernels cannot run on this CPU", pytrace=False)
 needs_cuda = pytest.mark.skipif(INTERPRETED, reason="needs a CUDA GPU (compiled Triton kernels)")
 needs_interpreter = pytest.mark.skipif(
     not INTERPRETED, reason="Triton was imported without TRITON_INTERPRET=1 (CUDA is here)")
@@ -368,7 +360,7 @@ def test_in_a_fresh_process_attnlib_needs_no_triton_and_a_late_variable_is_named
 
 _COMPILED_PARAMS = """
 import attnlib.flash_triton as ft
-kernels = ft._kernels(False)
+kernels = ft.jit_kernels(False)
 for name in ("forward", "delta", "grad_key_value", "grad_query"):
     fn = getattr(kernels, name)
     print(name, sorted(p.name for p in fn.params if p.is_constexpr))
@@ -392,8 +384,9 @@ def test_compiled_kernels_know_their_constexpr_arguments():
 def test_kernels_leave_the_module_namespace_alone():
     # The interpreter adds its helpers to a kernel's globals: they must not land in attnlib.
     flash_attention_triton(*_good())
-    assert "np" not in vars(flash_triton) and "tl" not in vars(flash_triton)
-    assert flash_triton._kernels(INTERPRETED).interpret is INTERPRETED
+    for module in (flash_triton, flash_triton.kernels):
+        assert "np" not in vars(module) and "tl" not in vars(module), module
+    assert flash_triton.jit_kernels(INTERPRETED).interpret is INTERPRETED
 
 
 def test_the_benchmark_times_the_kernel_beside_torch_and_flash_attention(device):

@@ -12,20 +12,14 @@ computation by torch (or by ``sink_attention``) in float16, plus 1e-3.
 """
 
 import math
-import os
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
+from _triton_helpers import import_triton  # sets TRITON_INTERPRET first
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-CUDA = torch.cuda.is_available()
-if not CUDA and "triton" not in sys.modules:
-    os.environ["TRITON_INTERPRET"] = "1"  # before Triton's first import in this process
-pytest.importorskip(
-    "triton", reason="Triton is not installed (pip install 'attnlib[triton]'): kernel untested"
-)
+_, INTERPRETED = import_triton()
 
 from attnlib import flash_triton  # noqa: E402
 from attnlib.functional import (  # noqa: E402
@@ -35,10 +29,6 @@ from attnlib.functional import (  # noqa: E402
 )
 from attnlib.sinks import sink_attention  # noqa: E402
 
-INTERPRETED = flash_triton._imported_interpreted(sys.modules["triton"])
-if not CUDA and not INTERPRETED:
-    pytest.fail("Triton was imported before this file could set TRITON_INTERPRET=1",
-                pytrace=False)
 DEVICE = torch.device("cpu" if INTERPRETED else "cuda")
 BLOCKS = {"block_m": 16, "block_n": 16}
 TOL32 = {"rtol": 1e-5, "atol": 1e-5}

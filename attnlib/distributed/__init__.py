@@ -20,7 +20,9 @@ Layouts (which tokens rank ``r`` holds; :func:`shard_positions`):
   the same work, ``P/2`` blocks (:func:`ring_schedule`; each diagonal block also computes
   the ``n/2`` scores of its diagonal, :meth:`RingStep.scores`).
 
-:func:`ring_attention` runs inside an initialised process group; :func:`run_on_ranks`
+:func:`ring_attention` runs inside an initialised process group (its forward loop is
+:func:`ring_forward`; its backward reuses chapter 8's
+:func:`attnlib.flash.flash_attention_backward` step by step); :func:`run_on_ranks`
 starts one (``P`` fresh processes on this machine) and :func:`run_ring_demo` is the
 measurement the chapter makes with it. Shapes: ``query``, ``key`` and ``value`` are
 ``(batch, num_heads, n, head_dim)`` shards (``value`` may have its own ``head_dim``).
@@ -39,10 +41,8 @@ all-gathered the keys and values instead of passing them round a ring (Llama Tea
 from __future__ import annotations
 
 from ._launch import demo_inputs, run_on_ranks, run_ring_demo
-from ._ring import RingStats, merge_partials, ring_attention
-from ._ring import _ring_forward as _ring_forward
+from ._ring import RingNeighbours, RingStats, merge_partials, ring_attention, ring_forward
 from ._schedule import RingStep, ring_bytes_per_rank, ring_schedule
-from ._schedule import _step_slices as _step_slices
 from ._sharding import (
     LAYOUTS,
     shard_positions,
@@ -52,15 +52,15 @@ from ._sharding import (
     zigzag_unshard,
 )
 
-# _ring_forward is shown by chapter 12 (attnlib.show_source) and _step_slices used by
-# tests/test_distributed.py: both are private, re-exported for them only.
 __all__ = [
     "LAYOUTS",
+    "RingNeighbours",
     "RingStats",
     "RingStep",
     "merge_partials",
     "ring_attention",
     "ring_bytes_per_rank",
+    "ring_forward",
     "ring_schedule",
     "run_on_ranks",
     "run_ring_demo",

@@ -24,9 +24,9 @@ from .._validation import (
 from ..bench import peak_memory_bytes
 from ._ring import RingStats, ring_attention
 from ._sharding import (
-    _DEFAULT_BLOCK_SIZE,
-    _check_layout,
-    _check_split,
+    DEFAULT_BLOCK_SIZE,
+    check_layout,
+    check_split,
     shard_sequence,
     unshard_sequence,
 )
@@ -38,11 +38,11 @@ from ._sharding import (
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def _rank_main(rank: int, world_size: int, port: int, backend: str, num_threads: int,
-               timeout: float, fn: Callable[..., Any], args: tuple, path: str) -> None:
+               timeout: float, fn: Callable[..., Any], args: tuple[Any, ...], path: str) -> None:
     """One worker: join the group on 127.0.0.1, run ``fn``, save its result or error."""
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -61,7 +61,7 @@ def _rank_main(rank: int, world_size: int, port: int, backend: str, num_threads:
     _leave(result, path, 0)
 
 
-def _leave(outcome: dict, path: str, code: int) -> None:
+def _leave(outcome: dict[str, Any], path: str, code: int) -> None:
     """Save ``outcome`` and end the process at once: the interpreter's teardown of torch
     would add a few tenths of a second to every run and has nothing left to do."""
     torch.save(outcome, path)
@@ -160,7 +160,7 @@ def demo_inputs(num_tokens: int, *, batch: int = 1, num_heads: int = 4, head_dim
 
 
 def _demo_run(rank: int, world_size: int, group: Any, tensors: tuple[torch.Tensor, ...],
-              config: dict) -> dict:
+              config: dict[str, Any]) -> dict[str, Any]:
     """Every case on one group of ``world_size`` ranks: forward, backward, timed, counted."""
     results: dict[str, Any] = {"cases": {}}
     for is_causal, layout in config["cases"]:
@@ -190,7 +190,7 @@ def _demo_run(rank: int, world_size: int, group: Any, tensors: tuple[torch.Tenso
     return results
 
 
-def _demo_worker(rank: int, world_size: int, config: dict) -> dict:
+def _demo_worker(rank: int, world_size: int, config: dict[str, Any]) -> dict[str, Any]:
     """One process of :func:`run_ring_demo`: a run on ranks ``0 .. P-1`` for each ``P``."""
     tensors = demo_inputs(
         config["num_tokens"], batch=config["batch"], num_heads=config["num_heads"],
@@ -232,7 +232,7 @@ def run_ring_demo(world_sizes: Sequence[int] = (1, 2, 4), *, num_tokens: int = 2
                   batch: int = 1, num_heads: int = 2, head_dim: int = 64,
                   dtype: torch.dtype = torch.float32,
                   cases: Sequence[tuple[bool, str]] = ((False, "contiguous"),),
-                  block_size: int = _DEFAULT_BLOCK_SIZE, seed: int = 0,
+                  block_size: int = DEFAULT_BLOCK_SIZE, seed: int = 0,
                   measure_memory: bool = True, try_context_parallel: bool = False,
                   timeout: float = 180.0) -> dict[str, Any]:
     """Run :func:`ring_attention` on ``P`` gloo processes for each ``P`` in ``world_sizes``.
@@ -265,12 +265,12 @@ def run_ring_demo(world_sizes: Sequence[int] = (1, 2, 4), *, num_tokens: int = 2
     if isinstance(world_sizes, (int, str)) or not world_sizes:
         raise TypeError(f"world_sizes must be a non-empty sequence of ints, got {world_sizes!r}")
     world_sizes = tuple(check_positive_int("world_size", p) for p in world_sizes)
-    cases = tuple((check_bool("is_causal", c), _check_layout(lay)) for c, lay in cases)
+    cases = tuple((check_bool("is_causal", c), check_layout(lay)) for c, lay in cases)
     if not cases:
         raise ValueError("cases must name at least one (is_causal, layout) pair")
     for size in world_sizes:
         for _, layout in cases:
-            _check_split(num_tokens, 0, size, layout)
+            check_split(num_tokens, 0, size, layout)
     for name, value in (("batch", batch), ("num_heads", num_heads), ("head_dim", head_dim)):
         check_positive_int(name, value)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:

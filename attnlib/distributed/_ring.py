@@ -16,9 +16,14 @@ from .._validation import (
     check_sdpa_inputs,
     type_name,
 )
-from ..flash import _once_differentiable, flash_attention_forward
-from ._schedule import _compute_dtype, _step_slices, ring_schedule
-from ._sharding import _DEFAULT_BLOCK_SIZE, _check_layout
+from ..flash import (
+    compute_dtype,
+    differentiable_once,
+    flash_attention_backward,
+    flash_attention_forward,
+)
+from ._schedule import ring_schedule
+from ._sharding import DEFAULT_BLOCK_SIZE, check_layout
 
 # ---------------------------------------------------------------------------------------
 # The merge
@@ -93,9 +98,25 @@ class RingStats:
     steps: list[str] = field(default_factory=list)
 
 
-class _Ring:
+Pending = tuple[list[Any], list[torch.Tensor], int]
+"""An exchange in flight: ``(requests, receive buffers, bytes sent)``."""
+
+
+class RingNeighbours:
     """Point-to-point exchanges with the ring's neighbours: send to ``rank + 1``,
-    receive from ``rank - 1``, several tensors in one ``batch_isend_irecv``."""
+    receive from ``rank - 1``, several tensors in one ``batch_isend_irecv``.
+
+    Built by :func:`ring_attention` once its checks have passed, inside an initialised
+    process group; :func:`ring_forward` takes one.
+
+    Args:
+        group: the process group, or None for the default group.
+        rank: this process's rank in ``group``.
+        world_size: the number of ranks in ``group``.
+
+    Raises:
+        RuntimeError: no process group is initialised (torch's ``get_global_rank``).
+    """
 
     def __init__(self, group: Any, rank: int, world_size: int) -> None:
         world: Any = group if group is not None else dist.group.WORLD
@@ -103,8 +124,9 @@ class _Ring:
         self.next = dist.get_global_rank(world, (rank + 1) % world_size)
         self.prev = dist.get_global_rank(world, (rank - 1) % world_size)
 
-    def start(self, tensors: Sequence[torch.Tensor]) -> tuple[list, list[torch.Tensor], int]:
-        """Post the sends and receives; return (requests, receive buffers, bytes sent)."""
+    def start(self, tensors: Sequence[torch.Tensor]) -> Pending:
+        """Post the sends of ``tensors`` and the receives of as many of their shapes;
+        return ``(requests, receive buffers, bytes sent)``, for :meth:`finish`."""
         buffers = [torch.empty_like(t) for t in tensors]
         ops = [dist.P2POp(dist.isend, t, self.next, self.group) for t in tensors]
         ops += [dist.P2POp(dist.irecv, b, self.prev, self.group) for b in buffers]
@@ -112,7 +134,8 @@ class _Ring:
         return dist.batch_isend_irecv(ops), buffers, sent
 
     @staticmethod
-    def finish(pending: tuple[list, list[torch.Tensor], int]) -> list[torch.Tensor]:
+    def finish(pending: Pending) -> list[torch.Tensor]:
+        """Wait for the exchange :meth:`start` posted; return the received tensors."""
         for request in pending[0]:
             request.wait()
         return pending[1]
@@ -128,12 +151,36 @@ def _merge_into(out: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor,
     lse.copy_(new_lse)
 
 
-def _ring_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  is_causal: bool, scale: float, ring: _Ring, layout: str, block_size: int,
-                  stats: RingStats | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each step: post the exchange of the key/value block, compute with the block held,
-    merge, then wait for the next block (the transfer overlaps the computation)."""
-    dtype = _compute_dtype(query.dtype)
+def ring_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 is_causal: bool, scale: float, ring: RingNeighbours, layout: str,
+                 block_size: int, stats: RingStats | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward loop of :func:`ring_attention`: this rank's output and log-sum-exp.
+
+    Each step: post the exchange of the key/value block, compute with the block held,
+    merge, then wait for the next block (the transfer overlaps the computation). Every
+    rank of ``ring`` calls it at once; :func:`ring_attention` checks the arguments first
+    (and that the ranks agree) and records nothing for autograd here.
+
+    Args:
+        query, key: ``(batch, num_heads, n, head_dim)``, this rank's shard.
+        value: ``(batch, num_heads, n, d_v)``.
+        is_causal, scale, layout, block_size, stats: as for :func:`ring_attention`
+            (``scale`` given, not None).
+        ring: this rank's :class:`RingNeighbours`.
+
+    Returns:
+        ``(out, lse)``: ``(batch, num_heads, n, d_v)`` in the input's dtype and
+        ``(batch, num_heads, n, 1)`` in the compute dtype (float32 for half precision).
+
+    Raises:
+        TypeError: ``ring`` is not a RingNeighbours.
+
+    Source: Liu, Zaharia and Abbeel (2023), "Ring Attention", section 3.
+    """
+    if not isinstance(ring, RingNeighbours):
+        raise TypeError(f"ring must be a RingNeighbours, got {type_name(ring)}")
+    dtype = compute_dtype(query.dtype)
     n = query.shape[-2]
     out = torch.zeros((*query.shape[:-1], value.shape[-1]), dtype=dtype, device=query.device)
     lse = torch.full((*query.shape[:-1], 1), -math.inf, dtype=dtype, device=query.device)
@@ -147,7 +194,7 @@ def _ring_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             stats.skipped_blocks += planned.kind == "skip"
             stats.steps.append(planned.kind)
         if planned.kind != "skip":
-            rows, cols, causal = _step_slices(planned.kind, n)
+            rows, cols, causal = planned.slices(n)
             part_out, part_lse = flash_attention_forward(
                 query[..., rows, :].to(dtype), k_block[..., cols, :].to(dtype),
                 v_block[..., cols, :].to(dtype), causal, scale, block_size=block_size)
@@ -161,36 +208,11 @@ def _ring_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return out.to(query.dtype), lse
 
 
-def _block_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    grad_out: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
-                    causal: bool, scale: float, block_size: int, grad_q: torch.Tensor,
-                    grad_k: torch.Tensor, grad_v: torch.Tensor) -> None:
-    """Add one step's gradients into ``grad_q`` (query rows) and ``grad_k``, ``grad_v``
-    (key rows), tile by tile, from ``P = exp(S - L)`` with the global log-sum-exp ``L``."""
-    dtype = lse.dtype
-    num_q, num_k = q.shape[-2], k.shape[-2]
-    for k0 in range(0, num_k, block_size):
-        k1 = min(k0 + block_size, num_k)
-        k_t, v_t = k[..., k0:k1, :].to(dtype), v[..., k0:k1, :].to(dtype)
-        for q0 in range(k0 if causal else 0, num_q, block_size):
-            q1 = min(q0 + block_size, num_q)
-            q_t, do_t = q[..., q0:q1, :].to(dtype), grad_out[..., q0:q1, :]
-            scores = (q_t @ k_t.transpose(-2, -1)) * scale  # (..., Bq, Bk), as the forward's
-            if causal and k1 - 1 > q0:  # the tile crosses the diagonal
-                rows = torch.arange(q0, q1, device=q.device).unsqueeze(-1)
-                scores = scores.masked_fill(torch.arange(k0, k1, device=q.device) > rows,
-                                            -math.inf)
-            probs = torch.exp(scores - lse[..., q0:q1, :])  # the final attention weights
-            grad_v[..., k0:k1, :] += probs.transpose(-2, -1) @ do_t
-            grad_scores = probs * (do_t @ v_t.transpose(-2, -1) - delta[..., q0:q1, :]) * scale
-            grad_q[..., q0:q1, :] += grad_scores @ k_t
-            grad_k[..., k0:k1, :] += grad_scores.transpose(-2, -1) @ q_t
-
-
 def _ring_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                    out: torch.Tensor, lse: torch.Tensor, grad_out: torch.Tensor,
-                   is_causal: bool, scale: float, ring: _Ring, layout: str, block_size: int,
-                   stats: RingStats | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   is_causal: bool, scale: float, ring: RingNeighbours, layout: str,
+                   block_size: int, stats: RingStats | None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The key/value blocks go round the ring again; each block's gradient travels with
     it, gathering every rank's share, and reaches its owner after the last step.
 
@@ -213,12 +235,16 @@ def _ring_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         if step == 1:
             acc_key, acc_value = torch.zeros_like(grad_key), torch.zeros_like(grad_value)
         target_key, target_value = (grad_key, grad_value) if step == 0 else (acc_key, acc_value)
-        if planned.kind != "skip":
-            rows, cols, causal = _step_slices(planned.kind, n)
-            _block_backward(query[..., rows, :], k_block[..., cols, :], v_block[..., cols, :],
-                            grad_out[..., rows, :], lse[..., rows, :], delta[..., rows, :],
-                            causal, scale, block_size, grad_query[..., rows, :],
-                            target_key[..., cols, :], target_value[..., cols, :])
+        if planned.kind != "skip":  # chapter 8's tile loop, with L of the whole sequence
+            rows, cols, causal = planned.slices(n)
+            step_grads = flash_attention_backward(
+                query[..., rows, :], k_block[..., cols, :], v_block[..., cols, :],
+                lse[..., rows, :], grad_out[..., rows, :], delta[..., rows, :], causal,
+                scale, block_size=block_size)
+            grad_query[..., rows, :] += step_grads[0]
+            target_key[..., cols, :] += step_grads[1]
+            target_value[..., cols, :] += step_grads[2]
+            del step_grads
         sent = pending[2] if pending else 0
         if step >= 1:  # pass the gradient on; receive the next block's
             grads = ring.start([acc_key, acc_value])
@@ -245,16 +271,16 @@ class _RingAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                is_causal: bool, scale: float, ring: _Ring, layout: str, block_size: int,
-                stats: RingStats | None) -> torch.Tensor:
-        out, lse = _ring_forward(query, key, value, is_causal, scale, ring, layout,
-                                 block_size, stats)
+                is_causal: bool, scale: float, ring: RingNeighbours, layout: str,
+                block_size: int, stats: RingStats | None) -> torch.Tensor:
+        out, lse = ring_forward(query, key, value, is_causal, scale, ring, layout,
+                                block_size, stats)
         ctx.save_for_backward(query, key, value, out, lse)
         ctx.args = (is_causal, scale, ring, layout, block_size, stats)
         return out
 
     @staticmethod
-    @_once_differentiable("attnlib.distributed.ring_attention")
+    @differentiable_once("attnlib.distributed.ring_attention")
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         query, key, value, out, lse = ctx.saved_tensors
         grads = _ring_backward(query, key, value, out, lse, grad_out, *ctx.args)
@@ -276,7 +302,7 @@ def _local_problem(query: Any, key: Any, value: Any, is_causal: Any, scale: Any,
                 f"query {tuple(query.shape)} and key {tuple(key.shape)} must hold the same "
                 "tokens (at least one): each rank passes the queries, keys and values of "
                 "its own shard of one sequence")
-        if _check_layout(layout) == "zigzag" and query.shape[-2] % 2:
+        if check_layout(layout) == "zigzag" and query.shape[-2] % 2:
             raise ValueError(f"layout='zigzag' needs an even number of tokens per rank (two "
                              f"equal chunks), got {query.shape[-2]}")
         check_positive_int("block_size", block_size)
@@ -287,7 +313,7 @@ def _local_problem(query: Any, key: Any, value: Any, is_causal: Any, scale: Any,
     return None
 
 
-def _agree(metas: list[dict], rank: int) -> None:
+def _agree(metas: list[dict[str, Any]], rank: int) -> None:
     """Raise the same ValueError on every rank if the ranks' calls do not match."""
     refused = [(r, m["error"]) for r, m in enumerate(metas) if m["error"]]
     if refused:
@@ -313,7 +339,7 @@ def _agree(metas: list[dict], rank: int) -> None:
 
 def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                    is_causal: bool = False, scale: float | None = None, group: Any = None,
-                   layout: str = "contiguous", *, block_size: int = _DEFAULT_BLOCK_SIZE,
+                   layout: str = "contiguous", *, block_size: int = DEFAULT_BLOCK_SIZE,
                    stats: RingStats | None = None) -> torch.Tensor:
     """This rank's rows of ``softmax(Q K^T * scale) V`` over the whole sequence, by a ring.
 
@@ -321,25 +347,22 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     (see :func:`shard_sequence`); the result is this rank's shard of
     :func:`torch.nn.functional.scaled_dot_product_attention` on the whole sequence. At
     each of ``P`` steps the rank computes its queries against the key/value block it
-    holds, with chapter 8's tiled loop (:func:`attnlib.flash.flash_attention_forward`,
-    which returns the block's log-sum-exp), merges the partial result into its running
-    one (:func:`merge_partials`), and passes the block to ``rank + 1`` while receiving the
-    next from ``rank - 1`` (``torch.distributed.batch_isend_irecv``, posted before the
-    computation so that the transfer overlaps it wherever the backend runs it in the
-    background, as gloo and NCCL do). Under a causal mask a block entirely in the future
-    of every query is skipped (:func:`ring_schedule`).
+    holds, with chapter 8's tiled loop (:func:`ring_forward`), merges the partial result
+    into its running one (:func:`merge_partials`), and passes the block to ``rank + 1``
+    while receiving the next from ``rank - 1`` (``batch_isend_irecv``, posted before the
+    computation: gloo and NCCL overlap the two). Under a causal mask a block entirely in
+    the future of every query is skipped (:func:`ring_schedule`).
 
-    The backward pass (a custom ``autograd.Function``) recomputes each step's attention
-    weights from the saved log-sum-exp instead of storing them, and sends the key/value
-    blocks round the ring a second time instead of keeping the ``P - 1`` visitors: keeping
-    them would put the whole sequence's keys and values on every rank, the memory the
-    ring exists to avoid. Each block's gradient travels with it, in the compute dtype
-    (float32 for half-precision inputs), and reaches its owner after the last step; that
-    exchange waits at each step, not overlapped with the computation
-    (:func:`ring_bytes_per_rank` counts the bytes of both passes). Every rank must call
-    ``backward`` (its loss must depend on its output). Gradients equal the single-device
-    ones up to rounding. Once differentiable: the backward pass cannot itself be
-    differentiated.
+    The backward pass (a custom ``autograd.Function``) recomputes each step's weights
+    from the saved log-sum-exp with chapter 8's tile loop
+    (:func:`attnlib.flash.flash_attention_backward`, ``D = rowsum(dO * O)``), and sends
+    the key/value blocks round the ring again rather than keep the ``P - 1`` visitors
+    (the whole sequence's keys and values on every rank, the memory the ring avoids).
+    Each block's gradient travels with it, in the compute dtype (float32 for half
+    precision), and reaches its owner after the last step; that exchange waits at each
+    step (:func:`ring_bytes_per_rank` counts both passes' bytes). Every rank must call
+    ``backward``. Gradients equal the single-device ones up to rounding. Once
+    differentiable: the backward pass cannot itself be differentiated.
 
     Args:
         query: ``(batch, num_heads, n, head_dim)``, this rank's ``n = N / P`` tokens.
@@ -353,8 +376,7 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             ``torch.cuda.set_device``, which the shape check's ``all_gather_object`` uses).
         layout: ``"contiguous"`` or ``"zigzag"``, how the shards were cut (:data:`LAYOUTS`).
         block_size: keyword-only; rows per tile of the local loop. Default 128.
-        stats: keyword-only; a :class:`RingStats` to which this call adds what it sent and
-            computed.
+        stats: keyword-only; a :class:`RingStats` that counts what this call sends and does.
 
     Returns:
         ``(batch, num_heads, n, d_v)``, this rank's rows of the output, in the input's
@@ -410,6 +432,8 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if problem is not None:
         raise problem
     _agree(metas, rank)
-    ring = _Ring(group, rank, world_size)
-    return _RingAttentionFunction.apply(query, key, value, bool(is_causal), meta["scale"],
-                                        ring, layout, int(block_size), stats)
+    ring = RingNeighbours(group, rank, world_size)
+    out: torch.Tensor = _RingAttentionFunction.apply(
+        query, key, value, bool(is_causal), meta["scale"], ring, layout, int(block_size),
+        stats)
+    return out

@@ -11,7 +11,8 @@ from .._validation import (
     check_bool,
     check_positive_int,
 )
-from ._sharding import _check_layout
+from ..flash import compute_dtype
+from ._sharding import check_layout
 
 # ---------------------------------------------------------------------------------------
 # The schedule: which block is where, and what a rank computes with it
@@ -46,12 +47,30 @@ class RingStep(NamedTuple):
             TypeError: ``tokens_per_rank`` is not an int.
             ValueError: ``tokens_per_rank < 1``.
         """
-        n = check_positive_int("tokens_per_rank", tokens_per_rank)
-        if self.kind == "skip":
-            return 0
-        rows, cols, causal = _step_slices(self.kind, n)
-        num_rows, num_cols = rows.stop - rows.start, cols.stop - cols.start
+        rows, cols, causal = self.slices(tokens_per_rank)
+        num_rows, num_cols = int(rows.stop - rows.start), int(cols.stop - cols.start)
         return num_rows * (num_rows + 1) // 2 if causal else num_rows * num_cols
+
+    def slices(self, tokens_per_rank: int) -> tuple[slice, slice, bool]:
+        """``(query rows, key rows, causal)``: what this step computes, for ``n =
+        tokens_per_rank`` tokens per rank, as slices of the local queries and of the
+        visiting key/value block, and whether the causal mask (top-left) applies inside.
+
+        ``"full"`` and ``"diagonal"``: every row of both (the diagonal with the mask);
+        ``"early keys"``: every query, keys ``0 .. n // 2 - 1``; ``"late queries"``:
+        queries ``n // 2 .. n - 1``, every key; ``"skip"``: empty slices.
+
+        Raises:
+            TypeError: ``tokens_per_rank`` is not an int.
+            ValueError: ``tokens_per_rank < 1``.
+        """
+        n = check_positive_int("tokens_per_rank", tokens_per_rank)
+        half = n // 2
+        return {"full": (slice(0, n), slice(0, n), False),
+                "diagonal": (slice(0, n), slice(0, n), True),
+                "early keys": (slice(0, n), slice(0, half), False),
+                "late queries": (slice(half, n), slice(0, n), False),
+                "skip": (slice(0, 0), slice(0, 0), False)}[self.kind]
 
 
 # In half blocks: a diagonal step computes (n + 1) / (2 n) of a block, 0.5 as n grows.
@@ -95,7 +114,7 @@ def ring_schedule(world_size: int, is_causal: bool = True,
     """
     world_size = check_positive_int("world_size", world_size)
     is_causal = check_bool("is_causal", is_causal)
-    layout = _check_layout(layout)
+    layout = check_layout(layout)
     schedule = []
     for rank in range(world_size):
         row = []
@@ -107,26 +126,10 @@ def ring_schedule(world_size: int, is_causal: bool = True,
     return schedule
 
 
-def _step_slices(kind: str, n: int) -> tuple[slice, slice, bool]:
-    """(query rows, key rows, causal mask inside) of one step's computation."""
-    half = n // 2
-    return {"full": (slice(0, n), slice(0, n), False),
-            "diagonal": (slice(0, n), slice(0, n), True),
-            "early keys": (slice(0, n), slice(0, half), False),
-            "late queries": (slice(half, n), slice(0, n), False)}[kind]
-
-
 def _check_dtype(name: str, dtype: object) -> torch.dtype:
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"{name} must be a floating-point torch.dtype, got {dtype!r}")
     return dtype
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype in which :func:`ring_attention` computes, merges and sends gradients:
-    float32 for float16 and bfloat16 inputs (as FlashAttention keeps its accumulators),
-    the input's own dtype otherwise."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def ring_bytes_per_rank(num_tokens: int, world_size: int, *, batch: int = 1,
@@ -177,7 +180,7 @@ def ring_bytes_per_rank(num_tokens: int, world_size: int, *, batch: int = 1,
              "num_heads": num_heads, "head_dim": head_dim, "value_head_dim": value_head_dim}
     sizes = {name: check_positive_int(name, value) for name, value in sizes.items()}
     dtype = _check_dtype("dtype", dtype)
-    grad_dtype = _compute_dtype(dtype) if grad_dtype is None else _check_dtype(
+    grad_dtype = compute_dtype(dtype) if grad_dtype is None else _check_dtype(
         "grad_dtype", grad_dtype)
     backward = check_bool("backward", backward)
     p = sizes["world_size"]

@@ -16,10 +16,17 @@ from .._validation import (
 LAYOUTS = ("contiguous", "zigzag")
 """The ways a sequence is split across the ranks (see the module's docstring)."""
 
-_DEFAULT_BLOCK_SIZE = 128
+DEFAULT_BLOCK_SIZE = 128
+"""Rows per tile of ring attention's local loop when none is given."""
 
 
-def _check_layout(layout: object) -> str:
+def check_layout(layout: object) -> str:
+    """``layout`` if it is one of :data:`LAYOUTS`.
+
+    Raises:
+        TypeError: ``layout`` is not a str.
+        ValueError: it is another string.
+    """
     if not isinstance(layout, str):
         raise TypeError(f"layout must be a str, got {type_name(layout)} layout={layout!r}")
     if layout not in LAYOUTS:
@@ -31,12 +38,21 @@ def _check_layout(layout: object) -> str:
 # Which tokens a rank holds
 
 
-def _check_split(num_tokens: int, rank: object, world_size: object, layout: str) -> tuple:
+def check_split(num_tokens: int, rank: object, world_size: object, layout: str
+                ) -> tuple[int, int, int]:
+    """``(rank, world_size, part)``: the checked rank and world size and the tokens in
+    each of the sequence's equal parts (``world_size`` parts, ``2 * world_size`` zigzag).
+
+    Raises:
+        TypeError: ``rank`` or ``world_size`` is not an int; ``layout`` not a str.
+        ValueError: ``world_size < 1``; ``rank`` outside ``[0, world_size)``; an unknown
+            layout; ``num_tokens`` not divisible into the parts.
+    """
     world_size = check_positive_int("world_size", world_size)
     rank = check_int("rank", rank)
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got rank={rank}")
-    parts = world_size * (2 if _check_layout(layout) == "zigzag" else 1)
+    parts = world_size * (2 if check_layout(layout) == "zigzag" else 1)
     if num_tokens % parts:
         raise ValueError(
             f"num_tokens={num_tokens} does not split into {parts} equal parts "
@@ -63,7 +79,7 @@ def shard_positions(num_tokens: int, rank: int, world_size: int,
     Source: Liu et al. (2023), section 3 (contiguous); ring-flash-attention's
     ``zigzag_ring_flash_attn`` and Megatron-LM's ``get_batch_on_this_cp_rank`` (zigzag).
     """
-    rank, world_size, part = _check_split(num_tokens, rank, world_size, layout)
+    rank, world_size, part = check_split(num_tokens, rank, world_size, layout)
     if layout == "contiguous":
         return torch.arange(rank * part, (rank + 1) * part)
     late = 2 * world_size - 1 - rank
@@ -103,7 +119,7 @@ def unshard_sequence(shards: Sequence[torch.Tensor], layout: str = "contiguous",
         TypeError: ``shards`` is not a non-empty sequence of tensors.
         ValueError: the shards differ in shape, or (zigzag) hold an odd number of tokens.
     """
-    _check_layout(layout)
+    check_layout(layout)
     if isinstance(shards, torch.Tensor) or not isinstance(shards, Sequence) or not shards \
             or not all(isinstance(s, torch.Tensor) for s in shards):
         raise TypeError(f"shards must be a non-empty list of tensors, got {type_name(shards)}")

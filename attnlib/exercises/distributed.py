@@ -108,7 +108,7 @@ def _or(tensor: torch.Tensor | None, default: torch.Tensor) -> torch.Tensor:
     return default if tensor is None else tensor
 
 
-def _merge_pair(result: object, what: str, shapes: tuple[tuple, tuple]
+def _merge_pair(result: object, what: str, shapes: tuple[tuple[int, ...], tuple[int, ...]]
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The learner's (out, lse): a tuple, a list or any other sequence of two tensors."""
     if isinstance(result, torch.Tensor) or not isinstance(result, Sequence) or isinstance(

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from .._validation import type_name
-from ..flash_triton import _import_triton, _imported_interpreted
+from ..flash_triton._launch import import_triton, imported_interpreted
 from ._common import (
     CheckFailed,
     answer_name,
@@ -74,8 +74,8 @@ def _kernel_device(device: torch.device | str | None) -> torch.device:
         RuntimeError: Triton was imported without ``TRITON_INTERPRET=1`` and there
             is no CUDA GPU, or ``device`` asks for the CPU in that case.
     """
-    triton = _import_triton()
-    interpreted = _imported_interpreted(triton)
+    triton = import_triton()
+    interpreted = imported_interpreted(triton)
     if device is None:
         if interpreted:
             return torch.device("cpu")

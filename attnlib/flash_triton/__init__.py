@@ -52,50 +52,29 @@ Shapes: ``(batch, num_heads, num_tokens, head_dim)`` for the query and
 ``(batch, num_kv_groups, num_tokens_kv, head_dim)`` for key and value;
 ``num_tokens_q`` and ``num_tokens_kv`` may differ.
 
-The code is split by concern into private modules: ``_kernels`` (the Triton
-kernels, plain functions), ``_launch`` (Triton's import, ``triton.jit`` and
-autotuning, input checks, launch settings, the tile schedule in Python) and
-``_api`` (the passes, autograd, the public functions).
+The backward kernels compute the formulas of :func:`attnlib.flash.flash_attention_backward`,
+the PyTorch tile loop that chapter 8's flash attention and ring attention share:
+``P = exp(S - L)`` recomputed from the saved log-sum-exp, ``dS = P * (dP - D)`` with
+``D = rowsum(dO * O)``, ``dV = P^T dO``, ``dQ = dS K * scale``, ``dK = dS^T Q * scale``
+(here in base 2, with the two gradient loops in two kernels).
+
+The kernels themselves are plain Python functions in ``attnlib.flash_triton.kernels``
+(``kernels.forward_kernel``, ``kernels.key_tiles``, ``kernels.delta_kernel``,
+``kernels.grad_key_value_kernel``, ...), which the book prints; :func:`jit_kernels`
+hands them to ``triton.jit``. The code is split by concern into private modules:
+``_kernels`` (the kernels, as ``kernels``), ``_launch`` (Triton's import,
+``triton.jit`` and autotuning, input checks, launch settings, the tile schedule in
+Python) and ``_api`` (the passes, autograd, the public functions).
 """
 
-# The private names are re-exported for the chapter, which prints the kernels, and for
-# the tests and exercises, which reach into the launch machinery.
+from . import _kernels as kernels  # noqa: F401  (printed by chapter 11; not in __all__)
 from . import _launch
-from ._api import (  # noqa: F401
-    _backward,
-    _FlashAttentionTritonFunction,
-    _forward,
-    flash_attention_triton,
-    flash_attention_triton_forward,
-)
-from ._kernels import (  # noqa: F401
-    _delta_kernel,
-    _forward_kernel,
-    _forward_tiles,
-    _grad_key_value_kernel,
-    _grad_key_value_tiles,
-    _grad_query_kernel,
-    _grad_query_tiles,
-    _key_tile,
-    _key_tiles,
-    _query_tiles,
-    _visible,
-)
-from ._launch import (  # noqa: F401
-    LOG2_E,
-    _check_inputs,
-    _import_triton,
-    _imported_interpreted,
-    _interpreting,
-    _kernels,
-    _launch_settings,
-    autotuned_configs,
-    tile_counts,
-)
+from ._api import flash_attention_triton, flash_attention_triton_forward
+from ._launch import autotuned_configs, imported_interpreted, jit_kernels, tile_counts
 
 __all__ = ["AUTOTUNE_CONFIGS", "CAUSAL_ALIGNMENTS", "HEAD_DIMS", "SUPPORTED_DTYPES",
            "autotuned_configs", "flash_attention_triton", "flash_attention_triton_forward",
-           "tile_counts"]
+           "imported_interpreted", "jit_kernels", "tile_counts"]
 
 # The constants live in ._launch, where the code reads them; each is re-bound here with
 # its documentation, for the API page.

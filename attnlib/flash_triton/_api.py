@@ -4,19 +4,20 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
-from ..flash import _once_differentiable
+from ..flash import differentiable_once
 from ._launch import (
     LOG2_E,
-    _cdiv,
-    _check_inputs,
-    _check_variants,
-    _launch_settings,
-    _LaunchSettings,
-    _on_device,
+    LaunchSettings,
+    cdiv,
+    check_inputs,
+    check_variants,
+    launch_settings,
+    on_device,
 )
 
 
@@ -38,7 +39,7 @@ class _Variant:
 
 
 def _forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-             variant: _Variant, scale: float, settings: _LaunchSettings
+             variant: _Variant, scale: float, settings: LaunchSettings
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Contiguous inputs -> output ``(B, H, N_q, d)`` and base-2 LSE ``(B, H, N_q)``."""
     batch, num_heads, num_tokens_q, head_dim = query.shape
@@ -56,15 +57,15 @@ def _forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     args = (query, key, value, sinks, context_vec, lse, scale * LOG2_E, num_tokens_q,
             num_tokens_kv, num_heads, num_heads // num_kv_groups, *variant.scalars())
     kernels = settings["kernels"]
-    with _on_device(query.device):
+    with on_device(query.device):
         if settings["autotune"]:
             kernels.forward_autotuned[
-                lambda meta: (_cdiv(num_tokens_q, meta["BLOCK_M"]), batch * num_heads)
+                lambda meta: (cdiv(num_tokens_q, meta["BLOCK_M"]), batch * num_heads)
             ](*args, **variant.constants(), HAS_SINKS=variant.sinks is not None,
               HEAD_DIM=head_dim, DOT_PRECISION=settings["precision"])
         else:
             block_m, block_n = settings["block_m"], settings["block_n"]
-            grid = (_cdiv(num_tokens_q, block_m), batch * num_heads)
+            grid = (cdiv(num_tokens_q, block_m), batch * num_heads)
             kernels.forward[grid](
                 *args, **variant.constants(), HAS_SINKS=variant.sinks is not None,
                 HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
@@ -74,7 +75,7 @@ def _forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
 def _backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               context_vec: torch.Tensor, lse: torch.Tensor, grad_context: torch.Tensor,
-              variant: _Variant, scale: float, settings: _LaunchSettings
+              variant: _Variant, scale: float, settings: LaunchSettings
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of the query, key and value (Dao 2023, Algorithm 2), each in the
     input dtype, and ``D = rowsum(dO * O)`` ``(B, H, N_q)`` in float32."""
@@ -94,24 +95,24 @@ def _backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                scale * LOG2_E, num_tokens_q, num_tokens_kv, group, *variant.scalars())
     q_args = (query, key, value, grad_context, lse, delta, grad_query, scale,
               scale * LOG2_E, num_tokens_q, num_tokens_kv, group, *variant.scalars())
-    with _on_device(query.device):
+    with on_device(query.device):
         delta_block = 64 if not kernels.interpret else settings["block_m"]
-        kernels.delta[(_cdiv(num_tokens_q, delta_block), batch * num_heads)](
+        kernels.delta[(cdiv(num_tokens_q, delta_block), batch * num_heads)](
             context_vec, grad_context, delta, num_tokens_q, HEAD_DIM=head_dim,
             BLOCK_M=delta_block)
         if settings["autotune"]:
             kernels.grad_key_value_autotuned[
-                lambda meta: (_cdiv(num_tokens_kv, meta["BLOCK_N"]), batch * num_kv_groups)
+                lambda meta: (cdiv(num_tokens_kv, meta["BLOCK_N"]), batch * num_kv_groups)
             ](*kv_args, **common)
             kernels.grad_query_autotuned[
-                lambda meta: (_cdiv(num_tokens_q, meta["BLOCK_M"]), batch * num_heads)
+                lambda meta: (cdiv(num_tokens_q, meta["BLOCK_M"]), batch * num_heads)
             ](*q_args, **common)
         else:
             block_m, block_n = settings["block_m"], settings["block_n"]
             blocks = {"BLOCK_M": block_m, "BLOCK_N": block_n, **settings["launch"]}
-            kernels.grad_key_value[(_cdiv(num_tokens_kv, block_n), batch * num_kv_groups)](
+            kernels.grad_key_value[(cdiv(num_tokens_kv, block_n), batch * num_kv_groups)](
                 *kv_args, **common, **blocks)
-            kernels.grad_query[(_cdiv(num_tokens_q, block_m), batch * num_heads)](
+            kernels.grad_query[(cdiv(num_tokens_q, block_m), batch * num_heads)](
                 *q_args, **common, **blocks)
     return grad_query, grad_key, grad_value, delta
 
@@ -124,7 +125,7 @@ class _FlashAttentionTritonFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 sinks: torch.Tensor | None, variant: _Variant, scale: float,
-                settings: _LaunchSettings) -> torch.Tensor:
+                settings: LaunchSettings) -> torch.Tensor:
         query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
         context_vec, lse = _forward(query, key, value, variant, scale, settings)
         ctx.save_for_backward(query, key, value, context_vec, lse)
@@ -133,7 +134,7 @@ class _FlashAttentionTritonFunction(torch.autograd.Function):
         return context_vec
 
     @staticmethod
-    @_once_differentiable("attnlib.flash_triton.flash_attention_triton")
+    @differentiable_once("attnlib.flash_triton.flash_attention_triton")
     def backward(ctx: Any, grad_context: torch.Tensor
                  ) -> tuple[torch.Tensor | None, ...]:
         query, key, value, context_vec, lse = ctx.saved_tensors
@@ -152,10 +153,10 @@ class _FlashAttentionTritonFunction(torch.autograd.Function):
 def _prepare(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_causal: bool,
              scale: float | None, window: object, sinks: object, causal_alignment: object,
              block_m: object, block_n: object, num_warps: object, num_stages: object,
-             autotune: object = False) -> tuple[_Variant, float, _LaunchSettings]:
-    asked = _check_inputs(query, key, value, is_causal, scale, block_m, block_n, num_warps,
-                          num_stages)
-    window = _check_variants(query, key, value, window, sinks, causal_alignment)
+             autotune: object = False) -> tuple[_Variant, float, LaunchSettings]:
+    asked = check_inputs(query, key, value, is_causal, scale, block_m, block_n, num_warps,
+                         num_stages)
+    window = check_variants(query, key, value, window, sinks, causal_alignment)
     from .._validation import check_bool
 
     check_bool("autotune", autotune)
@@ -166,57 +167,14 @@ def _prepare(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_cau
     if isinstance(sinks, torch.Tensor):  # (num_heads,) float32 in base-2 units
         sinks_base2 = (sinks.detach().float() * LOG2_E).contiguous()
     variant = _Variant(causal, offset, window, sinks_base2)
-    return variant, scale, _launch_settings(query, *asked, autotune=bool(autotune))
+    return variant, scale, launch_settings(query, *asked, autotune=bool(autotune))
 
 
 # --- public functions ------------------------------------------------------------------------
+# Both take the same arguments and check them alike: their Args and Raises are written once,
+# here, and filled into each docstring (as torch's documentation shares its common args).
 
-
-def flash_attention_triton(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    is_causal: bool = False,
-    scale: float | None = None,
-    *,
-    window: int | None = None,
-    sinks: torch.Tensor | None = None,
-    causal_alignment: str = "top_left",
-    block_m: int | None = None,
-    block_n: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-    autotune: bool = False,
-) -> torch.Tensor:
-    """``softmax(query @ key^T * scale) @ value`` by FlashAttention-2's Triton kernels.
-
-    Gives the result of :func:`torch.nn.functional.scaled_dot_product_attention`
-    (no mask or causal, no dropout; ``enable_gqa=True`` for grouped heads) and
-    its gradients, as :func:`attnlib.functional.flash_attention` does, but each
-    pass is fused into Triton kernels: the forward writes only the output and
-    one log-sum-exp per query row, and the backward recomputes the attention
-    weights tile by tile from them (Dao 2023, Algorithms 1 and 2). Memory is
-    linear in the number of tokens in both passes.
-
-    Every kernel runs the tiles of the score matrix in three stages: those no
-    query-key pair of which is attended are skipped (above the causal
-    diagonal, outside the window), those every pair of which is attended run
-    without a mask, and only those cut by the diagonal, the window's edge or
-    the sequence's end apply one (:func:`tile_counts` counts them).
-
-    On CUDA tensors the kernels are compiled for the GPU. On CPU tensors they
-    run under Triton's interpreter, which is switched on by the environment
-    variable ``TRITON_INTERPRET=1``, set before Triton is first imported in the
-    process (``os.environ`` at the top of a notebook); it is slow but runs the
-    same kernel code, which is how the tests check it without a GPU. bfloat16
-    needs the GPU: the interpreter's ``tl.dot`` does not support it.
-
-    It is differentiable once: the backward kernels run outside autograd,
-    so the gradients have no graph of their own. With
-    ``torch.autograd.grad(..., create_graph=True)`` they come back, but
-    differentiating them again (double backward) raises a RuntimeError
-    that says so; torch's ``scaled_dot_product_attention`` supports it.
-
+_ARGS = """\
     Args:
         query: ``(batch, num_heads, num_tokens_q, head_dim)``.
         key: ``(batch, num_kv_groups, num_tokens_kv, head_dim)``, with
@@ -267,14 +225,9 @@ def flash_attention_triton(
             and dtype, and launch the fastest (:func:`autotuned_configs` says
             which); the first call of each shape takes the timing. It excludes
             the four launch settings above. Under the interpreter nothing is
-            timed and the defaults run. Default ``False``.
+            timed and the defaults run. Default ``False``."""
 
-    Returns:
-        ``context_vec`` ``(batch, num_heads, num_tokens_q, head_dim)``, the
-        dtype of the input. Products are summed and the softmax kept in
-        float32; float32 inputs get full float32 products on the GPU (not
-        TF32). With no keys it is zeros, as in torch.
-
+_RAISES = """\
     Raises:
         ImportError: Triton is not installed (``pip install attnlib[triton]``).
         RuntimeError: CPU tensors while ``TRITON_INTERPRET=1`` is not set; the
@@ -296,7 +249,58 @@ def flash_attention_triton(
             device; ``causal_alignment`` is another string; a block size is
             not a power of two from 16 to 256, ``num_warps`` not one from 1 to
             32, or ``num_stages`` not from 1 to 8; ``autotune=True`` with a
-            launch setting.
+            launch setting."""
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _documented(doc: str) -> Callable[[_F], _F]:
+    """Give the decorated function ``doc``, with ``{args}`` and ``{raises}`` filled in."""
+    def decorate(fn: _F) -> _F:
+        fn.__doc__ = doc.replace("{args}", _ARGS).replace("{raises}", _RAISES)
+        return fn
+    return decorate
+
+
+@_documented("""``softmax(query @ key^T * scale) @ value`` by FlashAttention-2's Triton kernels.
+
+    Gives the result of :func:`torch.nn.functional.scaled_dot_product_attention`
+    (no mask or causal, no dropout; ``enable_gqa=True`` for grouped heads) and
+    its gradients, as :func:`attnlib.functional.flash_attention` does, but each
+    pass is fused into Triton kernels: the forward writes only the output and
+    one log-sum-exp per query row, and the backward recomputes the attention
+    weights tile by tile from them (Dao 2023, Algorithms 1 and 2), with the
+    formulas of :func:`attnlib.flash.flash_attention_backward`. Memory is
+    linear in the number of tokens in both passes.
+
+    Every kernel runs the tiles of the score matrix in three stages: those no
+    query-key pair of which is attended are skipped (above the causal
+    diagonal, outside the window), those every pair of which is attended run
+    without a mask, and only those cut by the diagonal, the window's edge or
+    the sequence's end apply one (:func:`tile_counts` counts them).
+
+    On CUDA tensors the kernels are compiled for the GPU. On CPU tensors they
+    run under Triton's interpreter, which is switched on by the environment
+    variable ``TRITON_INTERPRET=1``, set before Triton is first imported in the
+    process (``os.environ`` at the top of a notebook); it is slow but runs the
+    same kernel code, which is how the tests check it without a GPU. bfloat16
+    needs the GPU: the interpreter's ``tl.dot`` does not support it.
+
+    It is differentiable once: the backward kernels run outside autograd,
+    so the gradients have no graph of their own. With
+    ``torch.autograd.grad(..., create_graph=True)`` they come back, but
+    differentiating them again (double backward) raises a RuntimeError
+    that says so; torch's ``scaled_dot_product_attention`` supports it.
+
+{args}
+
+    Returns:
+        ``context_vec`` ``(batch, num_heads, num_tokens_q, head_dim)``, the
+        dtype of the input. Products are summed and the softmax kept in
+        float32; float32 inputs get full float32 products on the GPU (not
+        TF32). With no keys it is zeros, as in torch.
+
+{raises}
         RuntimeError: also raised later, by a backward pass through the
             gradients this function's backward returned (differentiable once).
 
@@ -310,14 +314,52 @@ def flash_attention_triton(
     window); OpenAI (2025), "gpt-oss-120b & gpt-oss-20b Model Card", Section
     2.1 (sinks); Tillet, Kung and Cox (2019), "Triton: An Intermediate
     Language and Compiler for Tiled Neural Network Computations".
-    """
+    """)
+def flash_attention_triton(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    is_causal: bool = False,
+    scale: float | None = None,
+    *,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    causal_alignment: str = "top_left",
+    block_m: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    autotune: bool = False,
+) -> torch.Tensor:
     variant, scale, settings = _prepare(query, key, value, is_causal, scale, window, sinks,
                                         causal_alignment, block_m, block_n, num_warps,
                                         num_stages, autotune)
-    return _FlashAttentionTritonFunction.apply(query, key, value, sinks, variant, scale,
-                                               settings)
+    out: torch.Tensor = _FlashAttentionTritonFunction.apply(query, key, value, sinks,
+                                                            variant, scale, settings)
+    return out
 
 
+@_documented("""The forward kernel alone, returning the log-sum-exp it saves for the backward.
+
+    Nothing is recorded for autograd. The kernel keeps the log-sum-exp in base
+    2 (``exp2`` with ``log2(e)`` folded into the scale); it is returned here in
+    natural log, as :func:`attnlib.flash.flash_attention_forward` returns it.
+    The arguments are :func:`flash_attention_triton`'s.
+
+{args}
+
+    Returns:
+        ``(context_vec, logsumexp)``: ``context_vec``
+        ``(batch, num_heads, num_tokens_q, head_dim)`` in the input's dtype, and
+        ``logsumexp`` ``(batch, num_heads, num_tokens_q, 1)`` in float32, the
+        log of each row's softmax denominator ``sum_j exp(score_ij)``, the
+        sink's ``exp(sink)`` included (``-inf`` for a row that sees no key and
+        has no sink).
+
+{raises}
+
+    Source: Dao (2023), "FlashAttention-2", Algorithm 1 and Section 3.1.1.
+    """)
 def flash_attention_triton_forward(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -334,34 +376,6 @@ def flash_attention_triton_forward(
     num_stages: int | None = None,
     autotune: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The forward kernel alone, returning the log-sum-exp it saves for the backward.
-
-    Nothing is recorded for autograd. The kernel keeps the log-sum-exp in base
-    2 (``exp2`` with ``log2(e)`` folded into the scale); it is returned here in
-    natural log, as :func:`attnlib.flash.flash_attention_forward` returns it.
-
-    Args:
-        query, key, value: ``(batch, num_heads, num_tokens, head_dim)`` tensors
-            of one dtype, float16, bfloat16 or float32 (key and value may have
-            ``num_kv_groups`` heads), as for :func:`flash_attention_triton`.
-        is_causal: as for :func:`flash_attention_triton`; so are ``scale``,
-            ``window``, ``sinks``, ``causal_alignment``, ``block_m``, ``block_n``,
-            ``num_warps``, ``num_stages`` and ``autotune``.
-
-    Returns:
-        ``(context_vec, logsumexp)``: ``context_vec``
-        ``(batch, num_heads, num_tokens_q, head_dim)`` in the input's dtype, and
-        ``logsumexp`` ``(batch, num_heads, num_tokens_q, 1)`` in float32, the
-        log of each row's softmax denominator ``sum_j exp(score_ij)``, the
-        sink's ``exp(sink)`` included (``-inf`` for a row that sees no key and
-        has no sink).
-
-    Raises:
-        ImportError, RuntimeError, TypeError, ValueError: as
-            :func:`flash_attention_triton` raises them, for the same inputs.
-
-    Source: Dao (2023), "FlashAttention-2", Algorithm 1 and Section 3.1.1.
-    """
     variant, scale, settings = _prepare(query, key, value, is_causal, scale, window, sinks,
                                         causal_alignment, block_m, block_n, num_warps,
                                         num_stages, autotune)

@@ -27,11 +27,20 @@ WINDOW`` (the last ``WINDOW`` keys, itself included: chapter 9's sliding window)
 sequence into those it skips (they hold no visible pair), those every pair of
 which is visible, run without any mask, and those in between, cut by the
 diagonal, the window's edge or the end of the sequence, run with the mask. The
-bounds come from ``_key_tiles`` (a block of queries) and ``_query_tiles`` (a
+bounds come from ``key_tiles`` (a block of queries) and ``query_tiles`` (a
 block of keys): ``[lo, mid_lo)`` masked (the window's edge), ``[mid_lo,
 mid_hi)`` unmasked, ``[mid_hi, hi)`` masked (the diagonal and the last, partial
 tile); everything outside ``[lo, hi)`` is skipped. ``attnlib.flash_triton``'s
 ``tile_counts`` computes the same bounds in Python.
+
+**The backward pass** is :func:`attnlib.flash.flash_attention_backward`'s loop, the one
+chapter 8's flash attention and ring attention share, with the same formulas: each tile
+recomputes ``P = exp2(S - L)`` from the saved log-sum-exp, then ``dP = dO V^T``,
+``dS = P * (dP - D)`` with ``D = rowsum(dO * O)`` (``delta_kernel``, as ring attention
+computes it), ``dV += P^T dO``, ``dK += dS^T Q`` and ``dQ += dS K``, both times
+``scale`` at the end. The PyTorch loop's two sums run here as two kernels, one program
+per key block (``grad_key_value_kernel``) and one per query block
+(``grad_query_kernel``).
 
 **Sinks.** With ``HAS_SINKS`` each head has a logit ``sink`` (gpt-oss) that joins
 the softmax's denominator without a value. The forward starts each row's running
@@ -52,10 +61,10 @@ if TYPE_CHECKING:  # the kernels' `tl`; at run time _kernels() supplies it
     import triton.language as tl  # type: ignore[import-untyped]  # no hints
 
 
-def _key_tiles(start_m: tl.tensor, N_KV: tl.tensor, OFFSET: tl.tensor,
-               WINDOW: tl.tensor, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
-               ) -> tuple[tl.tensor, tl.tensor, tl.tensor, tl.tensor]:
+def key_tiles(start_m: tl.tensor, N_KV: tl.tensor, OFFSET: tl.tensor,
+              WINDOW: tl.tensor, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+              ) -> tuple[tl.tensor, tl.tensor, tl.tensor, tl.tensor]:
     """(lo, mid_lo, mid_hi, hi): the key tiles of queries start_m .. start_m+BLOCK_M-1."""
     lo = 0  # first key tile any query of the block sees
     mid_lo = 0  # first tile all of whose keys every query sees (window's edge)
@@ -77,10 +86,10 @@ def _key_tiles(start_m: tl.tensor, N_KV: tl.tensor, OFFSET: tl.tensor,
     return lo, mid_lo, mid_hi, hi
 
 
-def _query_tiles(start_n: tl.tensor, N_Q: tl.tensor, N_KV: tl.tensor,
-                 OFFSET: tl.tensor, WINDOW: tl.tensor, IS_CAUSAL: tl.constexpr,
-                 HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
-                 ) -> tuple[tl.tensor, tl.tensor, tl.tensor, tl.tensor]:
+def query_tiles(start_n: tl.tensor, N_Q: tl.tensor, N_KV: tl.tensor,
+                OFFSET: tl.tensor, WINDOW: tl.tensor, IS_CAUSAL: tl.constexpr,
+                HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+                ) -> tuple[tl.tensor, tl.tensor, tl.tensor, tl.tensor]:
     """(lo, mid_lo, mid_hi, hi): the query tiles of keys start_n .. start_n+BLOCK_N-1."""
     lo = 0  # first query tile that sees any key of the block
     mid_lo = 0  # first tile every query of which sees every key (causal: below it)
@@ -104,9 +113,9 @@ def _query_tiles(start_n: tl.tensor, N_Q: tl.tensor, N_KV: tl.tensor,
     return lo, mid_lo, mid_hi, hi
 
 
-def _visible(rows: tl.tensor, keys: tl.tensor, N_KV: tl.tensor, OFFSET: tl.tensor,
-             WINDOW: tl.tensor, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr
-             ) -> tl.tensor:
+def visible_pairs(rows: tl.tensor, keys: tl.tensor, N_KV: tl.tensor, OFFSET: tl.tensor,
+                  WINDOW: tl.tensor, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr
+                  ) -> tl.tensor:
     """(BLOCK_M, BLOCK_N) bool: which (query, key) pairs of a tile are attended."""
     visible = (keys < N_KV)[None, :]  # keys past the end do not exist
     if IS_CAUSAL:  # key j <= the query's position i + OFFSET
@@ -116,11 +125,11 @@ def _visible(rows: tl.tensor, keys: tl.tensor, N_KV: tl.tensor, OFFSET: tl.tenso
     return visible
 
 
-def _key_tile(q: tl.tensor, k_ptr: tl.tensor, v_ptr: tl.tensor, rows: tl.tensor,
-              keys: tl.tensor, dims: tl.tensor, qk_scale: tl.tensor, N_KV: tl.tensor,
-              OFFSET: tl.tensor, WINDOW: tl.tensor, MASKED: tl.constexpr,
-              IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr,
-              DOT_PRECISION: tl.constexpr) -> tuple[tl.tensor, tl.tensor, tl.tensor]:
+def key_tile(q: tl.tensor, k_ptr: tl.tensor, v_ptr: tl.tensor, rows: tl.tensor,
+             keys: tl.tensor, dims: tl.tensor, qk_scale: tl.tensor, N_KV: tl.tensor,
+             OFFSET: tl.tensor, WINDOW: tl.tensor, MASKED: tl.constexpr,
+             IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr,
+             DOT_PRECISION: tl.constexpr) -> tuple[tl.tensor, tl.tensor, tl.tensor]:
     """K_j, V_j and the scores S_ij (base 2; -inf where not attended) of one key tile."""
     kv_offsets = keys[:, None] * HEAD_DIM + dims[None, :]  # (BLOCK_N, HEAD_DIM)
     if MASKED:  # the tile may run past the last key
@@ -132,26 +141,26 @@ def _key_tile(q: tl.tensor, k_ptr: tl.tensor, v_ptr: tl.tensor, rows: tl.tensor,
         v = tl.load(v_ptr + kv_offsets)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
     if MASKED:
-        visible = _visible(rows, keys, N_KV, OFFSET, WINDOW, IS_CAUSAL, HAS_WINDOW)
+        visible = visible_pairs(rows, keys, N_KV, OFFSET, WINDOW, IS_CAUSAL, HAS_WINDOW)
         s = tl.where(visible, s, float("-inf"))
     return k, v, s
 
 
-def _forward_tiles(acc: tl.tensor, row_max: tl.tensor, row_sum: tl.tensor,
-                   q: tl.tensor, k_ptr: tl.tensor, v_ptr: tl.tensor, rows: tl.tensor,
-                   dims: tl.tensor, qk_scale: tl.tensor, N_KV: tl.tensor,
-                   OFFSET: tl.tensor, WINDOW: tl.tensor, lo: tl.tensor, hi: tl.tensor,
-                   MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
-                   HAS_WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr
-                   ) -> tuple[tl.tensor, tl.tensor, tl.tensor]:
+def forward_tiles(acc: tl.tensor, row_max: tl.tensor, row_sum: tl.tensor,
+                  q: tl.tensor, k_ptr: tl.tensor, v_ptr: tl.tensor, rows: tl.tensor,
+                  dims: tl.tensor, qk_scale: tl.tensor, N_KV: tl.tensor,
+                  OFFSET: tl.tensor, WINDOW: tl.tensor, lo: tl.tensor, hi: tl.tensor,
+                  MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                  HAS_WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr
+                  ) -> tuple[tl.tensor, tl.tensor, tl.tensor]:
     """The online softmax over the key tiles lo, lo + BLOCK_N, ... below hi."""
     for start_n in range(lo, hi, BLOCK_N):
         keys = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key indices
         # K_j and V_j, and S_ij = Q_i K_j^T times scale * log2(e): (BLOCK_M, BLOCK_N)
-        k, v, s = _key_tile(q, k_ptr, v_ptr, rows, keys, dims, qk_scale, N_KV, OFFSET,
-                            WINDOW, MASKED, IS_CAUSAL, HAS_WINDOW, HEAD_DIM,
-                            DOT_PRECISION)
+        k, v, s = key_tile(q, k_ptr, v_ptr, rows, keys, dims, qk_scale, N_KV, OFFSET,
+                           WINDOW, MASKED, IS_CAUSAL, HAS_WINDOW, HEAD_DIM,
+                           DOT_PRECISION)
         new_max = tl.maximum(row_max, tl.max(s, 1))
         shift = new_max
         if MASKED:  # a row that has seen no key yet keeps m = -inf: subtract 0 instead
@@ -165,14 +174,14 @@ def _forward_tiles(acc: tl.tensor, row_max: tl.tensor, row_sum: tl.tensor,
     return acc, row_max, row_sum
 
 
-def _forward_kernel(q_ptr: tl.tensor, k_ptr: tl.tensor, v_ptr: tl.tensor,
-                    sinks_ptr: tl.tensor, out_ptr: tl.tensor, lse_ptr: tl.tensor,
-                    qk_scale: tl.tensor, N_Q: tl.tensor, N_KV: tl.tensor,
-                    NUM_HEADS: tl.tensor, GROUP: tl.tensor, OFFSET: tl.tensor,
-                    WINDOW: tl.tensor, IS_CAUSAL: tl.constexpr,
-                    HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
-                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr) -> None:
+def forward_kernel(q_ptr: tl.tensor, k_ptr: tl.tensor, v_ptr: tl.tensor,
+                   sinks_ptr: tl.tensor, out_ptr: tl.tensor, lse_ptr: tl.tensor,
+                   qk_scale: tl.tensor, N_Q: tl.tensor, N_KV: tl.tensor,
+                   NUM_HEADS: tl.tensor, GROUP: tl.tensor, OFFSET: tl.tensor,
+                   WINDOW: tl.tensor, IS_CAUSAL: tl.constexpr,
+                   HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr) -> None:
     """O_i and L_i for BLOCK_M query rows: Dao (2023), Algorithm 1, in three stages."""
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1).to(tl.int64)  # int64: bh * N * HEAD_DIM may pass 2**31
@@ -196,19 +205,19 @@ def _forward_kernel(q_ptr: tl.tensor, k_ptr: tl.tensor, v_ptr: tl.tensor,
         row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
         row_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # O_i, not yet divided by l_i
-    lo, mid_lo, mid_hi, hi = _key_tiles(start_m, N_KV, OFFSET, WINDOW, IS_CAUSAL,
-                                        HAS_WINDOW, BLOCK_M, BLOCK_N)
+    lo, mid_lo, mid_hi, hi = key_tiles(start_m, N_KV, OFFSET, WINDOW, IS_CAUSAL,
+                                       HAS_WINDOW, BLOCK_M, BLOCK_N)
     # Stage 1: the window's edge, masked. Stage 2: the tiles every query sees in
     # full, no mask. Stage 3: the diagonal and the partial last tile, masked.
-    acc, row_max, row_sum = _forward_tiles(
+    acc, row_max, row_sum = forward_tiles(
         acc, row_max, row_sum, q, k_ptr, v_ptr, rows, dims, qk_scale, N_KV, OFFSET,
         WINDOW, lo, mid_lo, True, IS_CAUSAL, HAS_WINDOW, HEAD_DIM, BLOCK_N,
         DOT_PRECISION)
-    acc, row_max, row_sum = _forward_tiles(
+    acc, row_max, row_sum = forward_tiles(
         acc, row_max, row_sum, q, k_ptr, v_ptr, rows, dims, qk_scale, N_KV, OFFSET,
         WINDOW, mid_lo, mid_hi, False, IS_CAUSAL, HAS_WINDOW, HEAD_DIM, BLOCK_N,
         DOT_PRECISION)
-    acc, row_max, row_sum = _forward_tiles(
+    acc, row_max, row_sum = forward_tiles(
         acc, row_max, row_sum, q, k_ptr, v_ptr, rows, dims, qk_scale, N_KV, OFFSET,
         WINDOW, mid_hi, hi, True, IS_CAUSAL, HAS_WINDOW, HEAD_DIM, BLOCK_N,
         DOT_PRECISION)
@@ -221,8 +230,8 @@ def _forward_kernel(q_ptr: tl.tensor, k_ptr: tl.tensor, v_ptr: tl.tensor,
     tl.store(lse_ptr + rows, row_max + tl.log2(row_sum), mask=row_ok)
 
 
-def _delta_kernel(out_ptr: tl.tensor, dout_ptr: tl.tensor, delta_ptr: tl.tensor,
-                  N_Q: tl.tensor, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr) -> None:
+def delta_kernel(out_ptr: tl.tensor, dout_ptr: tl.tensor, delta_ptr: tl.tensor,
+                 N_Q: tl.tensor, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr) -> None:
     """D_i = rowsum(dO_i * O_i) = sum_j P_ij dP_ij for BLOCK_M rows (Algorithm 2)."""
     bh = tl.program_id(1).to(tl.int64)
     out_ptr += bh * N_Q * HEAD_DIM
@@ -237,15 +246,15 @@ def _delta_kernel(out_ptr: tl.tensor, dout_ptr: tl.tensor, delta_ptr: tl.tensor,
     tl.store(delta_ptr + rows, tl.sum(o * do, 1), mask=row_ok)
 
 
-def _grad_key_value_tiles(dk: tl.tensor, dv: tl.tensor, k: tl.tensor, v: tl.tensor,
-                          q_ptr: tl.tensor, dout_ptr: tl.tensor, lse_ptr: tl.tensor,
-                          delta_ptr: tl.tensor, keys: tl.tensor, dims: tl.tensor,
-                          qk_scale: tl.tensor, N_Q: tl.tensor, N_KV: tl.tensor,
-                          OFFSET: tl.tensor, WINDOW: tl.tensor, lo: tl.tensor,
-                          hi: tl.tensor, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
-                          HAS_WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr,
-                          BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr
-                          ) -> tuple[tl.tensor, tl.tensor]:
+def grad_key_value_tiles(dk: tl.tensor, dv: tl.tensor, k: tl.tensor, v: tl.tensor,
+                         q_ptr: tl.tensor, dout_ptr: tl.tensor, lse_ptr: tl.tensor,
+                         delta_ptr: tl.tensor, keys: tl.tensor, dims: tl.tensor,
+                         qk_scale: tl.tensor, N_Q: tl.tensor, N_KV: tl.tensor,
+                         OFFSET: tl.tensor, WINDOW: tl.tensor, lo: tl.tensor,
+                         hi: tl.tensor, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                         HAS_WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr
+                         ) -> tuple[tl.tensor, tl.tensor]:
     """dK_j and dV_j summed over the query tiles lo, lo + BLOCK_M, ... below hi."""
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
@@ -266,7 +275,7 @@ def _grad_key_value_tiles(dk: tl.tensor, dv: tl.tensor, k: tl.tensor, v: tl.tens
         # P_ij recomputed as the forward computed it: same scores, same mask.
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         if MASKED:
-            visible = _visible(rows, keys, N_KV, OFFSET, WINDOW, IS_CAUSAL, HAS_WINDOW)
+            visible = visible_pairs(rows, keys, N_KV, OFFSET, WINDOW, IS_CAUSAL, HAS_WINDOW)
             s = tl.where(visible & row_ok[:, None], s, float("-inf"))
         p = tl.exp2(s - lse[:, None])  # (BLOCK_M, BLOCK_N), the softmax weights
         # dV_j += P^T dO_i
@@ -278,16 +287,17 @@ def _grad_key_value_tiles(dk: tl.tensor, dv: tl.tensor, k: tl.tensor, v: tl.tens
     return dk, dv
 
 
-def _grad_key_value_kernel(q_ptr: tl.tensor, k_ptr: tl.tensor, v_ptr: tl.tensor,
-                           dout_ptr: tl.tensor, lse_ptr: tl.tensor, delta_ptr: tl.tensor,
-                           dk_ptr: tl.tensor, dv_ptr: tl.tensor, scale: tl.tensor,
-                           qk_scale: tl.tensor, N_Q: tl.tensor, N_KV: tl.tensor,
-                           GROUP: tl.tensor, OFFSET: tl.tensor, WINDOW: tl.tensor,
-                           IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                           HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                           BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr) -> None:
+def grad_key_value_kernel(q_ptr: tl.tensor, k_ptr: tl.tensor, v_ptr: tl.tensor,
+                          dout_ptr: tl.tensor, lse_ptr: tl.tensor, delta_ptr: tl.tensor,
+                          dk_ptr: tl.tensor, dv_ptr: tl.tensor, scale: tl.tensor,
+                          qk_scale: tl.tensor, N_Q: tl.tensor, N_KV: tl.tensor,
+                          GROUP: tl.tensor, OFFSET: tl.tensor, WINDOW: tl.tensor,
+                          IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr) -> None:
     """dK_j and dV_j for BLOCK_N keys of one key/value head, summed over its GROUP
-    query heads and their query tiles (Algorithm 2), in three stages."""
+    query heads and their query tiles (Algorithm 2), in three stages: the formulas of
+    attnlib.flash.flash_attention_backward."""
     start_n = tl.program_id(0) * BLOCK_N
     kv_bh = tl.program_id(1).to(tl.int64)  # a key/value head: (b, num_kv_groups)
     k_ptr += kv_bh * N_KV * HEAD_DIM
@@ -302,23 +312,23 @@ def _grad_key_value_kernel(q_ptr: tl.tensor, k_ptr: tl.tensor, v_ptr: tl.tensor,
     v = tl.load(v_ptr + kv_offsets, mask=key_ok[:, None], other=0.0)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    lo, mid_lo, mid_hi, hi = _query_tiles(start_n, N_Q, N_KV, OFFSET, WINDOW, IS_CAUSAL,
-                                          HAS_WINDOW, BLOCK_M, BLOCK_N)
+    lo, mid_lo, mid_hi, hi = query_tiles(start_n, N_Q, N_KV, OFFSET, WINDOW, IS_CAUSAL,
+                                         HAS_WINDOW, BLOCK_M, BLOCK_N)
     for g in range(0, GROUP):  # the query heads that share this key/value head
         bh = kv_bh * GROUP + g
         q_g = q_ptr + bh * N_Q * HEAD_DIM
         dout_g = dout_ptr + bh * N_Q * HEAD_DIM
         lse_g = lse_ptr + bh * N_Q
         delta_g = delta_ptr + bh * N_Q
-        dk, dv = _grad_key_value_tiles(
+        dk, dv = grad_key_value_tiles(
             dk, dv, k, v, q_g, dout_g, lse_g, delta_g, keys, dims, qk_scale, N_Q, N_KV,
             OFFSET, WINDOW, lo, mid_lo, True, IS_CAUSAL, HAS_WINDOW, HEAD_DIM, BLOCK_M,
             DOT_PRECISION)
-        dk, dv = _grad_key_value_tiles(
+        dk, dv = grad_key_value_tiles(
             dk, dv, k, v, q_g, dout_g, lse_g, delta_g, keys, dims, qk_scale, N_Q, N_KV,
             OFFSET, WINDOW, mid_lo, mid_hi, False, IS_CAUSAL, HAS_WINDOW, HEAD_DIM,
             BLOCK_M, DOT_PRECISION)
-        dk, dv = _grad_key_value_tiles(
+        dk, dv = grad_key_value_tiles(
             dk, dv, k, v, q_g, dout_g, lse_g, delta_g, keys, dims, qk_scale, N_Q, N_KV,
             OFFSET, WINDOW, mid_hi, hi, True, IS_CAUSAL, HAS_WINDOW, HEAD_DIM, BLOCK_M,
             DOT_PRECISION)
@@ -327,20 +337,20 @@ def _grad_key_value_kernel(q_ptr: tl.tensor, k_ptr: tl.tensor, v_ptr: tl.tensor,
     tl.store(dv_ptr + kv_offsets, dv.to(dv_ptr.dtype.element_ty), mask=key_ok[:, None])
 
 
-def _grad_query_tiles(dq: tl.tensor, q: tl.tensor, do: tl.tensor, lse: tl.tensor,
-                      d_row: tl.tensor, k_ptr: tl.tensor, v_ptr: tl.tensor,
-                      rows: tl.tensor, dims: tl.tensor, qk_scale: tl.tensor,
-                      N_KV: tl.tensor, OFFSET: tl.tensor, WINDOW: tl.tensor,
-                      lo: tl.tensor, hi: tl.tensor, MASKED: tl.constexpr,
-                      IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                      HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                      DOT_PRECISION: tl.constexpr) -> tl.tensor:
+def grad_query_tiles(dq: tl.tensor, q: tl.tensor, do: tl.tensor, lse: tl.tensor,
+                     d_row: tl.tensor, k_ptr: tl.tensor, v_ptr: tl.tensor,
+                     rows: tl.tensor, dims: tl.tensor, qk_scale: tl.tensor,
+                     N_KV: tl.tensor, OFFSET: tl.tensor, WINDOW: tl.tensor,
+                     lo: tl.tensor, hi: tl.tensor, MASKED: tl.constexpr,
+                     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                     DOT_PRECISION: tl.constexpr) -> tl.tensor:
     """dQ_i summed over the key tiles lo, lo + BLOCK_N, ... below hi."""
     for start_n in range(lo, hi, BLOCK_N):
         keys = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
-        k, v, s = _key_tile(q, k_ptr, v_ptr, rows, keys, dims, qk_scale, N_KV, OFFSET,
-                            WINDOW, MASKED, IS_CAUSAL, HAS_WINDOW, HEAD_DIM,
-                            DOT_PRECISION)
+        k, v, s = key_tile(q, k_ptr, v_ptr, rows, keys, dims, qk_scale, N_KV, OFFSET,
+                           WINDOW, MASKED, IS_CAUSAL, HAS_WINDOW, HEAD_DIM,
+                           DOT_PRECISION)
         p = tl.exp2(s - lse[:, None])  # (BLOCK_M, BLOCK_N)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         ds = p * (dp - d_row[:, None])
@@ -349,15 +359,16 @@ def _grad_query_tiles(dq: tl.tensor, q: tl.tensor, do: tl.tensor, lse: tl.tensor
     return dq
 
 
-def _grad_query_kernel(q_ptr: tl.tensor, k_ptr: tl.tensor, v_ptr: tl.tensor,
-                       dout_ptr: tl.tensor, lse_ptr: tl.tensor, delta_ptr: tl.tensor,
-                       dq_ptr: tl.tensor, scale: tl.tensor, qk_scale: tl.tensor,
-                       N_Q: tl.tensor, N_KV: tl.tensor, GROUP: tl.tensor,
-                       OFFSET: tl.tensor, WINDOW: tl.tensor, IS_CAUSAL: tl.constexpr,
-                       HAS_WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr) -> None:
-    """dQ_i for BLOCK_M queries, looping over key tiles in the forward's three stages."""
+def grad_query_kernel(q_ptr: tl.tensor, k_ptr: tl.tensor, v_ptr: tl.tensor,
+                      dout_ptr: tl.tensor, lse_ptr: tl.tensor, delta_ptr: tl.tensor,
+                      dq_ptr: tl.tensor, scale: tl.tensor, qk_scale: tl.tensor,
+                      N_Q: tl.tensor, N_KV: tl.tensor, GROUP: tl.tensor,
+                      OFFSET: tl.tensor, WINDOW: tl.tensor, IS_CAUSAL: tl.constexpr,
+                      HAS_WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      DOT_PRECISION: tl.constexpr) -> None:
+    """dQ_i for BLOCK_M queries, looping over key tiles in the forward's three stages
+    (dQ as in attnlib.flash.flash_attention_backward)."""
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1).to(tl.int64)
     kv_bh = bh // GROUP
@@ -378,16 +389,16 @@ def _grad_query_kernel(q_ptr: tl.tensor, k_ptr: tl.tensor, v_ptr: tl.tensor,
     lse = tl.where(lse == float("-inf"), float("inf"), lse)  # rows that saw no key
     d_row = tl.load(delta_ptr + rows, mask=row_ok, other=0.0)  # D_i
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    lo, mid_lo, mid_hi, hi = _key_tiles(start_m, N_KV, OFFSET, WINDOW, IS_CAUSAL,
-                                        HAS_WINDOW, BLOCK_M, BLOCK_N)
-    dq = _grad_query_tiles(dq, q, do, lse, d_row, k_ptr, v_ptr, rows, dims, qk_scale,
-                           N_KV, OFFSET, WINDOW, lo, mid_lo, True, IS_CAUSAL,
-                           HAS_WINDOW, HEAD_DIM, BLOCK_N, DOT_PRECISION)
-    dq = _grad_query_tiles(dq, q, do, lse, d_row, k_ptr, v_ptr, rows, dims, qk_scale,
-                           N_KV, OFFSET, WINDOW, mid_lo, mid_hi, False, IS_CAUSAL,
-                           HAS_WINDOW, HEAD_DIM, BLOCK_N, DOT_PRECISION)
-    dq = _grad_query_tiles(dq, q, do, lse, d_row, k_ptr, v_ptr, rows, dims, qk_scale,
-                           N_KV, OFFSET, WINDOW, mid_hi, hi, True, IS_CAUSAL,
-                           HAS_WINDOW, HEAD_DIM, BLOCK_N, DOT_PRECISION)
+    lo, mid_lo, mid_hi, hi = key_tiles(start_m, N_KV, OFFSET, WINDOW, IS_CAUSAL,
+                                       HAS_WINDOW, BLOCK_M, BLOCK_N)
+    dq = grad_query_tiles(dq, q, do, lse, d_row, k_ptr, v_ptr, rows, dims, qk_scale,
+                          N_KV, OFFSET, WINDOW, lo, mid_lo, True, IS_CAUSAL,
+                          HAS_WINDOW, HEAD_DIM, BLOCK_N, DOT_PRECISION)
+    dq = grad_query_tiles(dq, q, do, lse, d_row, k_ptr, v_ptr, rows, dims, qk_scale,
+                          N_KV, OFFSET, WINDOW, mid_lo, mid_hi, False, IS_CAUSAL,
+                          HAS_WINDOW, HEAD_DIM, BLOCK_N, DOT_PRECISION)
+    dq = grad_query_tiles(dq, q, do, lse, d_row, k_ptr, v_ptr, rows, dims, qk_scale,
+                          N_KV, OFFSET, WINDOW, mid_hi, hi, True, IS_CAUSAL,
+                          HAS_WINDOW, HEAD_DIM, BLOCK_N, DOT_PRECISION)
     dq = dq * scale
     tl.store(dq_ptr + q_offsets, dq.to(dq_ptr.dtype.element_ty), mask=row_ok[:, None])

@@ -16,17 +16,17 @@ import torch
 
 from .._validation import check_bool, check_int, type_name
 from ._kernels import (
-    _delta_kernel,
-    _forward_kernel,
-    _forward_tiles,
-    _grad_key_value_kernel,
-    _grad_key_value_tiles,
-    _grad_query_kernel,
-    _grad_query_tiles,
-    _key_tile,
-    _key_tiles,
-    _query_tiles,
-    _visible,
+    delta_kernel,
+    forward_kernel,
+    forward_tiles,
+    grad_key_value_kernel,
+    grad_key_value_tiles,
+    grad_query_kernel,
+    grad_query_tiles,
+    key_tile,
+    key_tiles,
+    query_tiles,
+    visible_pairs,
 )
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -45,13 +45,13 @@ AUTOTUNE_CONFIGS = (  # (BLOCK_M, BLOCK_N, num_warps, num_stages), half precisio
 
 SHARED_MEMORY_PER_PROGRAM = 232448  # bytes: an H100's or H200's 227 KiB per program
 LOG2_E = math.log2(math.e)  # exp(x) == exp2(x * LOG2_E)
-_BUILT: dict[bool, types.SimpleNamespace] = {}  # what _kernels() built, by interpret
+_BUILT: dict[bool, types.SimpleNamespace] = {}  # what jit_kernels() built, by interpret
 _HELPERS: dict[str, Callable[..., Any]] = {  # the jitted functions the kernels call
-    fn.__name__: fn for fn in (_key_tile, _key_tiles, _query_tiles, _visible, _forward_tiles,
-                               _grad_query_tiles, _grad_key_value_tiles)}
+    fn.__name__: fn for fn in (key_tile, key_tiles, query_tiles, visible_pairs, forward_tiles,
+                               grad_query_tiles, grad_key_value_tiles)}
 
 
-def _import_triton() -> types.ModuleType:
+def import_triton() -> types.ModuleType:
     """Import Triton on first use, or explain how to install it."""
     try:
         import triton  # type: ignore[import-untyped]  # Triton ships no type hints
@@ -61,7 +61,8 @@ def _import_triton() -> types.ModuleType:
             "flash_attention_triton needs Triton, an optional dependency of attnlib: "
             "pip install 'attnlib[triton]' (or pip install triton)"
         ) from err
-    return triton
+    module: types.ModuleType = triton  # untyped: Triton ships no hints
+    return module
 
 
 def _shared_memory_fits(configs: list[Any], named_args: dict[str, Any],
@@ -79,7 +80,7 @@ def _shared_memory_fits(configs: list[Any], named_args: dict[str, Any],
 
 
 @functools.cache
-def _kernels(interpret: bool) -> types.SimpleNamespace:
+def jit_kernels(interpret: bool) -> types.SimpleNamespace:
     """The kernels through ``triton.jit``, built once per interpreter setting.
 
     ``triton.jit`` returns an interpreted function when ``TRITON_INTERPRET=1``
@@ -93,7 +94,7 @@ def _kernels(interpret: bool) -> types.SimpleNamespace:
     come autotuned (``triton.autotune`` over :data:`AUTOTUNE_CONFIGS`, keyed on
     the token counts and ``head_dim``).
     """
-    triton = _import_triton()
+    triton = import_triton()
     scope = {"tl": triton.language, "triton": triton, "__name__": __name__}
 
     def jit(fn: Callable[..., Any]) -> Any:  # a JITFunction, or an InterpretedFunction
@@ -109,10 +110,10 @@ def _kernels(interpret: bool) -> types.SimpleNamespace:
         scope[name] = jit(helper)
     kernels = types.SimpleNamespace(
         interpret=interpret,
-        forward=jit(_forward_kernel),
-        delta=jit(_delta_kernel),
-        grad_key_value=jit(_grad_key_value_kernel),
-        grad_query=jit(_grad_query_kernel),
+        forward=jit(forward_kernel),
+        delta=jit(delta_kernel),
+        grad_key_value=jit(grad_key_value_kernel),
+        grad_query=jit(grad_query_kernel),
     )
     if not interpret:
         configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
@@ -167,9 +168,9 @@ def _check_block(name: str, value: object, low: int = 16, high: int = 256,
     return value
 
 
-def _check_variants(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                    window: object, sinks: object, causal_alignment: object) -> int | None:
-    """The window, the sinks and the alignment (after ``_check_inputs``); returns the
+def check_variants(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   window: object, sinks: object, causal_alignment: object) -> int | None:
+    """The window, the sinks and the alignment (after ``check_inputs``); returns the
     window as an int or None."""
     num_heads = query.shape[1]
     if window is not None:
@@ -197,13 +198,13 @@ def _check_variants(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return window
 
 
-def _check_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  is_causal: bool, scale: float | None, block_m: object, block_n: object,
-                  num_warps: object = None, num_stages: object = None
-                  ) -> tuple[int | None, int | None, int | None, int | None]:
+def check_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 is_causal: bool, scale: float | None, block_m: object, block_n: object,
+                 num_warps: object = None, num_stages: object = None
+                 ) -> tuple[int | None, int | None, int | None, int | None]:
     """The reference's checks, then what the kernels need; returns the launch settings
     asked for, ``(block_m, block_n, num_warps, num_stages)``, each an int or None."""
-    from ..functional import _check_sdpa_inputs
+    from .._validation import check_sdpa_inputs
 
     if all(isinstance(t, torch.Tensor) and t.ndim == 4 for t in (query, key, value)) \
             and key.shape[1] != query.shape[1]:
@@ -220,7 +221,7 @@ def _check_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             )
         key = key[:, :1].expand(-1, heads, -1, -1)  # (b, num_heads, N_kv, head_dim), a view
         value = value[:, :1].expand(-1, heads, -1, -1)
-    _check_sdpa_inputs(query, key, value, None, 0.0, is_causal, scale)
+    check_sdpa_inputs(query, key, value, None, 0.0, is_causal, scale)
     check_bool("is_causal", is_causal)
     if query.dtype not in SUPPORTED_DTYPES:
         raise TypeError(
@@ -252,10 +253,10 @@ def _check_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             _check_block("num_stages", num_stages, 1, 8, power_of_two=False))
 
 
-class _LaunchSettings(TypedDict):
-    """What :func:`_launch_settings` returns: a plain dict at run time."""
+class LaunchSettings(TypedDict):
+    """What :func:`launch_settings` returns: a plain dict at run time."""
 
-    kernels: types.SimpleNamespace  # the kernels, from _kernels()
+    kernels: types.SimpleNamespace  # the kernels, from jit_kernels()
     block_m: int
     block_n: int
     launch: dict[str, int]  # num_warps and num_stages on a GPU; empty under the interpreter
@@ -263,12 +264,12 @@ class _LaunchSettings(TypedDict):
     autotune: bool  # launch the autotuned kernels (a GPU, no launch setting asked)
 
 
-def _launch_settings(query: torch.Tensor, block_m: int | None, block_n: int | None,
-                     num_warps: int | None = None, num_stages: int | None = None,
-                     autotune: bool = False) -> _LaunchSettings:
+def launch_settings(query: torch.Tensor, block_m: int | None, block_n: int | None,
+                    num_warps: int | None = None, num_stages: int | None = None,
+                    autotune: bool = False) -> LaunchSettings:
     """Kernels (interpreted or compiled), block sizes, warps and stages for these inputs."""
-    triton = _import_triton()
-    interpret = _interpreting(triton)
+    triton = import_triton()
+    interpret = interpreting(triton)
     if query.device.type == "cpu" and not interpret:
         raise RuntimeError(
             "flash_attention_triton got CPU tensors, which Triton runs only under its "
@@ -276,7 +277,7 @@ def _launch_settings(query: torch.Tensor, block_m: int | None, block_n: int | No
             "first imported (os.environ['TRITON_INTERPRET'] = '1' at the top of the notebook "
             "or script, or in the shell), or pass CUDA tensors"
         )
-    if interpret != _imported_interpreted(triton):
+    if interpret != imported_interpreted(triton):
         # Triton decorates its own library (tl.zeros, tl.max, ...) when first imported;
         # kernels of the other kind cannot call those functions.
         now, then = ("set", "not set") if interpret else ("not set", "set")
@@ -311,7 +312,7 @@ def _launch_settings(query: torch.Tensor, block_m: int | None, block_n: int | No
         launch = {"num_warps": num_warps or 4,
                   "num_stages": num_stages or (3 if query.element_size() == 2 else 2)}
     return {
-        "kernels": _kernels(interpret),
+        "kernels": jit_kernels(interpret),
         "block_m": block_m or default_m,
         "block_n": block_n or default_n,
         "launch": launch,
@@ -323,7 +324,7 @@ def _launch_settings(query: torch.Tensor, block_m: int | None, block_n: int | No
     }
 
 
-def _interpreting(triton: types.ModuleType) -> bool:
+def interpreting(triton: types.ModuleType) -> bool:
     """Whether ``TRITON_INTERPRET`` is on now, as Triton reads it."""
     knobs = getattr(triton, "knobs", None)  # Triton's settings object, in recent versions
     if knobs is not None:
@@ -331,7 +332,7 @@ def _interpreting(triton: types.ModuleType) -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on")
 
 
-def _imported_interpreted(triton: types.ModuleType) -> bool:
+def imported_interpreted(triton: types.ModuleType) -> bool:
     """Whether Triton's own library was decorated under the interpreter at import."""
     from triton.runtime.interpreter import (  # type: ignore[import-untyped]  # no hints
         InterpretedFunction,
@@ -340,21 +341,21 @@ def _imported_interpreted(triton: types.ModuleType) -> bool:
     return isinstance(triton.language.zeros, InterpretedFunction)
 
 
-def _cdiv(n: int, block: int) -> int:
+def cdiv(n: int, block: int) -> int:
     return (n + block - 1) // block  # blocks needed to cover n rows
 
 
-def _on_device(device: torch.device) -> contextlib.AbstractContextManager[object]:
+def on_device(device: torch.device) -> contextlib.AbstractContextManager[object]:
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 # --- the tile schedule, in Python ------------------------------------------------------------
 
 
-def _key_tile_bounds(start_m: int, n_kv: int, offset: int, window: int | None,
-                     is_causal: bool, block_m: int, block_n: int
-                     ) -> tuple[int, int, int, int]:
-    """``_kernels._key_tiles`` in Python: (lo, mid_lo, mid_hi, hi) for a query block."""
+def key_tile_bounds(start_m: int, n_kv: int, offset: int, window: int | None,
+                    is_causal: bool, block_m: int, block_n: int
+                    ) -> tuple[int, int, int, int]:
+    """``kernels.key_tiles`` in Python: (lo, mid_lo, mid_hi, hi) for a query block."""
     lo, mid_lo, hi = 0, 0, n_kv
     mid_hi = n_kv // block_n * block_n
     if is_causal:
@@ -364,21 +365,21 @@ def _key_tile_bounds(start_m: int, n_kv: int, offset: int, window: int | None,
         first_seen = max(start_m + offset - window + 1, 0)
         lo = first_seen // block_n * block_n
         hi = hi if first_seen < hi else lo
-        mid_lo = _cdiv(max(start_m + block_m + offset - window, 0), block_n) * block_n
+        mid_lo = cdiv(max(start_m + block_m + offset - window, 0), block_n) * block_n
     mid_lo = min(max(mid_lo, lo), hi)
     return lo, mid_lo, max(mid_hi, mid_lo), hi
 
 
-def _query_tile_bounds(start_n: int, n_q: int, n_kv: int, offset: int,
-                       window: int | None, is_causal: bool, block_m: int, block_n: int
-                       ) -> tuple[int, int, int, int]:
-    """``_kernels._query_tiles`` in Python: (lo, mid_lo, mid_hi, hi) for a key block."""
+def query_tile_bounds(start_n: int, n_q: int, n_kv: int, offset: int,
+                      window: int | None, is_causal: bool, block_m: int, block_n: int
+                      ) -> tuple[int, int, int, int]:
+    """``kernels.query_tiles`` in Python: (lo, mid_lo, mid_hi, hi) for a key block."""
     lo, mid_lo, hi = 0, 0, n_q
     mid_hi = n_q // block_m * block_m
     if is_causal:
         first_seen = max(start_n - offset, 0)
         lo = first_seen // block_m * block_m
-        mid_lo = _cdiv(max(start_n + block_n - 1 - offset, 0), block_m) * block_m
+        mid_lo = cdiv(max(start_n + block_n - 1 - offset, 0), block_m) * block_m
     if window is not None:
         hi = min(max(start_n + block_n - offset + window - 1, 0), n_q)
         mid_hi = min(max(start_n - offset + window, 0), n_q) // block_m * block_m
@@ -395,7 +396,7 @@ def _stage_counts(bounds: tuple[int, int, int, int], block: int) -> tuple[int, i
     lo, mid_lo, mid_hi, hi = bounds
 
     def tiles(a: int, b: int) -> int:
-        return _cdiv(b - a, block) if b > a else 0
+        return cdiv(b - a, block) if b > a else 0
 
     return tiles(mid_lo, mid_hi), tiles(lo, mid_lo) + tiles(mid_hi, hi)
 
@@ -451,13 +452,13 @@ def tile_counts(num_tokens_q: int, num_tokens_kv: int, *, block_m: int = 64,
                          f"causal_alignment={causal_alignment!r}")
     causal = is_causal or window is not None
     offset = n_kv - n_q if causal_alignment == "bottom_right" else 0
-    total = _cdiv(n_q, bm) * _cdiv(n_kv, bn)
+    total = cdiv(n_q, bm) * cdiv(n_kv, bn)
     result = {}
     for name, blocks, bounds, step in (
         ("forward", range(0, n_q, bm),
-         lambda s: _key_tile_bounds(s, n_kv, offset, window, causal, bm, bn), bn),
+         lambda s: key_tile_bounds(s, n_kv, offset, window, causal, bm, bn), bn),
         ("grad_key_value", range(0, n_kv, bn),
-         lambda s: _query_tile_bounds(s, n_q, n_kv, offset, window, causal, bm, bn), bm),
+         lambda s: query_tile_bounds(s, n_q, n_kv, offset, window, causal, bm, bn), bm),
     ):
         unmasked = masked = 0
         for start in blocks:
