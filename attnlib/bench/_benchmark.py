@@ -21,7 +21,7 @@ from . import _constants
 from ._constants import CONTESTANTS, MODES
 from ._contestants import Contestant, attention_flops, check_agreement, make_contestants
 from ._memory import peak_memory_bytes
-from ._timing import _check_mode, _check_warmup, _prepare, _quantiles, _time_prepared
+from ._timing import check_mode, check_warmup, prepare_all, quantiles, time_prepared
 
 
 def _device_name(device: torch.device) -> str:
@@ -46,7 +46,7 @@ def _load() -> list[float] | None:
         return None
 
 
-def _check_seq_lens(seq_lens: object, name: str = "seq_lens") -> list[int]:
+def check_seq_lens(seq_lens: object, name: str = "seq_lens") -> list[int]:
     """The distinct sequence lengths, in the order given."""
     if isinstance(seq_lens, (str, int)) or not isinstance(seq_lens, Sequence):
         raise TypeError(f"{name} must be a sequence of ints, got {seq_lens!r}")
@@ -64,7 +64,7 @@ def _check_modes(modes: object) -> list[str]:
     if isinstance(modes, str) or not isinstance(modes, Sequence) or not modes:
         raise ValueError(f"modes must be a non-empty sequence of {MODES}, got {modes!r}")
     for mode in modes:
-        _check_mode(mode)
+        check_mode(mode)
     return list(dict.fromkeys(modes))
 
 
@@ -103,27 +103,27 @@ def _measure(built: dict[str, Contestant], x: torch.Tensor, mode: str, *, seed: 
              reps: int, warmup: int,
              measure_memory: bool) -> tuple[dict[str, list[float]], dict[str, int | None]]:
     """Peak memory (one untimed call each, or None) and then the times of every contestant."""
-    prepared = _prepare(built, x, mode, seed=seed)
+    prepared = prepare_all(built, x, mode, seed=seed)
     memory: dict[str, int | None] = {}
     for name, p in prepared.items():
         p.clear_grads()
         memory[name] = peak_memory_bytes(p.step, x.device) if measure_memory else None
         p.clear_grads()
-    return _time_prepared(prepared, reps, warmup), memory
+    return time_prepared(prepared, reps, warmup), memory
 
 
 def _records(built: dict[str, Contestant], times: dict[str, list[float]],
              memory: dict[str, int | None], *, mode: str, num_tokens: int, batch: int,
              d_model: int, num_heads: int) -> list[dict[str, Any]]:
     """One record per contestant (see :func:`run_benchmark` for the keys)."""
-    medians = {name: _quantiles(t)[1] for name, t in times.items()}
+    medians = {name: quantiles(t)[1] for name, t in times.items()}
 
     def ratio(median: float, other: str, wanted: bool) -> float | None:
         return median / medians[other] if wanted and other in medians else None
 
     records = []
     for name, t in times.items():
-        q1, median, q3 = _quantiles(t)
+        q1, median, q3 = quantiles(t)
         full = built[name].full_layer
         flops = attention_flops(batch, num_tokens, d_model, num_heads,
                                 backward=mode == "forward_backward", projections=full)
@@ -154,7 +154,7 @@ def _verdicts(times: dict[str, list[float]], *, mode: str,
                              ("bare_kernels", _constants.TARGET_VS_BARE_KERNELS)):
         if "attnlib" not in times or other not in times:
             continue
-        ratio = _quantiles(times["attnlib"])[1] / _quantiles(times[other])[1]
+        ratio = quantiles(times["attnlib"])[1] / quantiles(times[other])[1]
         paired = statistics.median(
             a / o for a, o in zip(times["attnlib"], times[other], strict=False))
         verdicts.append({
@@ -245,10 +245,10 @@ def run_benchmark(
             is unknown or none is given.
         RuntimeError: the contestants disagree (see :func:`check_agreement`).
     """
-    seq_lens = _check_seq_lens(seq_lens)
+    seq_lens = check_seq_lens(seq_lens)
     _check_positive_int("batch", batch)
     _check_positive_int("reps", reps)
-    warmup = _check_warmup(warmup)
+    warmup = check_warmup(warmup)
     modes = _check_modes(modes)
     device = torch.device(device) if device is not None else get_device()
     built = make_contestants(d_model, num_heads, max(seq_lens), names=contestants,
@@ -272,7 +272,7 @@ def run_benchmark(
                                 batch=batch, d_model=d_model, num_heads=num_heads)
             verdicts += _verdicts(times, mode=mode, num_tokens=num_tokens)
             if log is not None:
-                parts = ", ".join(f"{n} {_quantiles(t)[1] * 1e3:.1f} ms" for n, t in times.items())
+                parts = ", ".join(f"{n} {quantiles(t)[1] * 1e3:.1f} ms" for n, t in times.items())
                 log(f"N={num_tokens} {mode}: {parts}")
     metadata["load_average_end"] = _load()
     return {

@@ -13,7 +13,7 @@ import torch
 
 from .._validation import check_positive_int as _check_positive_int
 from . import _constants
-from ._benchmark import _check_seq_lens, run_benchmark
+from ._benchmark import check_seq_lens, run_benchmark
 from ._constants import CONTESTANTS, MEMORY_SWEEP_SEQ_LENS, MODES
 from ._contestants import make_contestants
 from ._operators import format_operator_parity, operator_parity
@@ -157,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # The sweeps' arguments are checked before the layer benchmark runs.
         if not args.no_memory_sweep:
-            _check_seq_lens(memory_lens, "memory_seq_lens")
+            check_seq_lens(memory_lens, "memory_seq_lens")
             _check_positive_int("max_reference_tokens", max_reference)
         if not args.no_kernel_timing:
             for name, value in (("kernel_tokens", kernel_tokens), ("kernel_heads", kernel_heads),

@@ -86,5 +86,5 @@ def peak_memory_bytes(fn: Callable[[], object], device: torch.device | str) -> i
     return peak
 
 
-def _fmt_bytes(value: float | None) -> str:
+def fmt_bytes(value: float | None) -> str:
     return "-" if value is None else f"{value / 2**20:.1f} MiB"

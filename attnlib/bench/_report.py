@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._memory import _fmt_bytes
-from ._sweeps import _KERNELS
+from ._memory import fmt_bytes
+from ._sweeps import KERNELS
 
 
 def format_sweeps(memory: dict[str, Any] | None, kernel: dict[str, Any] | None) -> str:
@@ -32,16 +32,16 @@ def format_sweeps(memory: dict[str, Any] | None, kernel: dict[str, Any] | None) 
                   f"{'flash_attention':>16}"
                   + (f" {'Triton kernel':>14}" if meta.get("triton") else "")]
         for r in memory["records"]:
-            readable = (_fmt_bytes(r["reference_peak_bytes"]) if r["reference_peak_bytes"]
-                        is not None else "~" + _fmt_bytes(r["reference_extrapolated_bytes"]))
-            lines.append(f"{r['seq_len']:>6} {_fmt_bytes(r['predicted_scores_weights_bytes']):>15}"
-                         f" {readable:>13} {_fmt_bytes(r['sdpa_peak_bytes']):>12} "
-                         f"{_fmt_bytes(r['flash_attention_peak_bytes']):>16}"
-                         + (f" {_fmt_bytes(r['flash_attention_triton_peak_bytes']):>14}"
+            readable = (fmt_bytes(r["reference_peak_bytes"]) if r["reference_peak_bytes"]
+                        is not None else "~" + fmt_bytes(r["reference_extrapolated_bytes"]))
+            lines.append(f"{r['seq_len']:>6} {fmt_bytes(r['predicted_scores_weights_bytes']):>15}"
+                         f" {readable:>13} {fmt_bytes(r['sdpa_peak_bytes']):>12} "
+                         f"{fmt_bytes(r['flash_attention_peak_bytes']):>16}"
+                         + (f" {fmt_bytes(r['flash_attention_triton_peak_bytes']):>14}"
                             if "flash_attention_triton_peak_bytes" in r else ""))
         slopes = memory["slopes"]
         lines.append("log-log slopes: " + ", ".join(
-            f"{k} {_fmt(slopes[k], '.2f')}" for k in (*_KERNELS, "flash_attention_triton")
+            f"{k} {_fmt(slopes[k], '.2f')}" for k in (*KERNELS, "flash_attention_triton")
             if k in slopes)
             + f" (sdpa and flash over N in {slopes['upper_seq_lens']}); '~' = extrapolated")
     if kernel is not None:
@@ -58,8 +58,8 @@ def format_sweeps(memory: dict[str, Any] | None, kernel: dict[str, Any] | None) 
     for v in verdicts:
         value = v["value"]
         in_bytes = "MiB" in v["target"] or "GiB" in v["target"]
-        shown = _fmt_bytes(value) if in_bytes else _fmt(value, ".3f")
-        limit = _fmt_bytes(v["threshold"]) if in_bytes else v["threshold"]
+        shown = fmt_bytes(value) if in_bytes else _fmt(value, ".3f")
+        limit = fmt_bytes(v["threshold"]) if in_bytes else v["threshold"]
         lines.append(f"{'PASS' if v['passed'] else 'FAIL'}  {v['target']}: {shown} "
                      f"(threshold {limit})")
     return "\n".join(lines)

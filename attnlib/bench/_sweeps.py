@@ -22,13 +22,13 @@ from ..flash import DEFAULT_BLOCK_SIZE, flash_attention
 from ..flash_triton import flash_attention_triton
 from ..functional import scaled_dot_product_attention as _readable
 from . import _constants
-from ._benchmark import _check_seq_lens
+from ._benchmark import check_seq_lens
 from ._constants import MEMORY_SWEEP_SEQ_LENS
 from ._contestants import Contestant, agreement_tolerance
-from ._memory import _fmt_bytes, peak_memory_bytes
-from ._timing import _check_warmup, _prepared, _quantiles, _time_prepared
+from ._memory import fmt_bytes, peak_memory_bytes
+from ._timing import check_warmup, prepare_call, quantiles, time_prepared
 
-_KERNELS = ("reference", "sdpa", "flash_attention")
+KERNELS = ("reference", "sdpa", "flash_attention")
 
 
 def _attention_inputs(batch: int, num_heads: int, num_tokens: int, head_dim: int,
@@ -136,7 +136,7 @@ def run_memory_sweep(
     Raises:
         TypeError, ValueError: a sequence length or size is not a positive int.
     """
-    seq_lens = sorted(_check_seq_lens(seq_lens))
+    seq_lens = sorted(check_seq_lens(seq_lens))
     for name, value in (("num_heads", num_heads), ("head_dim", head_dim),
                         ("block_size", block_size),
                         ("max_reference_tokens", max_reference_tokens)):
@@ -153,7 +153,7 @@ def run_memory_sweep(
                                 run_reference=num_tokens <= max_reference_tokens)
         records.append(record)
         if log is not None:
-            parts = ", ".join(f"{name} {_fmt_bytes(record[f'{name}_peak_bytes'])}"
+            parts = ", ".join(f"{name} {fmt_bytes(record[f'{name}_peak_bytes'])}"
                               for name in calls)
             log(f"memory N={num_tokens}: {parts}")
     fit = _extrapolate_reference(records)
@@ -335,7 +335,7 @@ def run_kernel_timing(
     for name, value in (("num_tokens", num_tokens), ("num_heads", num_heads),
                         ("head_dim", head_dim), ("batch", batch), ("reps", reps)):
         _check_positive_int(name, value)
-    warmup = _check_warmup(warmup)
+    warmup = check_warmup(warmup)
     if isinstance(block_sizes, (str, int)) or not block_sizes:
         raise ValueError(f"block_sizes must be a non-empty sequence of ints, got {block_sizes!r}")
     block_sizes = [_check_positive_int("block_size", b) for b in block_sizes]
@@ -343,8 +343,8 @@ def run_kernel_timing(
     triton = _use_triton(triton, device)
     q, k, v = _attention_inputs(batch, num_heads, num_tokens, head_dim, device, dtype, seed)
     built = _kernel_contestants((q, k, v), is_causal, block_sizes, triton=triton)
-    prepared = {name: _prepared(c, (q, k, v), "forward", None) for name, c in built.items()}
-    records = _kernel_records(_time_prepared(prepared, reps, warmup))
+    prepared = {name: prepare_call(c, (q, k, v), "forward", None) for name, c in built.items()}
+    records = _kernel_records(time_prepared(prepared, reps, warmup))
     best = min((r for r in records if r["contestant"] == "flash_attention"),
                key=lambda r: r["median_ms"])
     verdicts = [{"target": "flash_attention_vs_sdpa", "seq_len": num_tokens,
@@ -419,10 +419,10 @@ def _kernel_contestants(qkv: tuple[torch.Tensor, ...], is_causal: bool,
 
 def _kernel_records(times: dict[str, list[float]]) -> list[dict[str, Any]]:
     """One record per kernel contestant (see :func:`run_kernel_timing`)."""
-    sdpa_median = _quantiles(times["sdpa"])[1]
+    sdpa_median = quantiles(times["sdpa"])[1]
     records = []
     for name, t in times.items():
-        q1, median, q3 = _quantiles(t)
+        q1, median, q3 = quantiles(t)
         blocked = name.startswith("flash_attention_b")
         records.append({
             "contestant": "flash_attention" if blocked else name,

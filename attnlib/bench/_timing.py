@@ -20,7 +20,7 @@ from ._contestants import Contestant
 
 
 @dataclass(frozen=True)
-class _Prepared:
+class PreparedCall:
     """A contestant's call to time (``step``), its gradient reset and its Timer."""
 
     contestant: Contestant
@@ -41,8 +41,8 @@ def _make_step(contestant: Contestant, inputs: tuple[torch.Tensor, ...], mode: s
     return step
 
 
-def _prepared(contestant: Contestant, inputs: tuple[torch.Tensor, ...], mode: str,
-              grad_output: torch.Tensor | None) -> _Prepared:
+def prepare_call(contestant: Contestant, inputs: tuple[torch.Tensor, ...], mode: str,
+                 grad_output: torch.Tensor | None) -> PreparedCall:
     step = _make_step(contestant, inputs, mode, grad_output)
 
     def clear_grads() -> None:  # the Timer's setup: runs before each timed call, untimed
@@ -54,20 +54,20 @@ def _prepared(contestant: Contestant, inputs: tuple[torch.Tensor, ...], mode: st
         globals={"step": step, "clear_grads": clear_grads},
         num_threads=torch.get_num_threads(), description=contestant.name,
     )
-    return _Prepared(contestant, step, clear_grads, timer)
+    return PreparedCall(contestant, step, clear_grads, timer)
 
 
-def _check_mode(mode: object) -> None:
+def check_mode(mode: object) -> None:
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
 
 
-def _check_warmup(warmup: object) -> int:
+def check_warmup(warmup: object) -> int:
     return _check_int("warmup", warmup, minimum=0)
 
 
-def _prepare(contestants: dict[str, Contestant], x: torch.Tensor, mode: str,
-             seed: int) -> dict[str, _Prepared]:
+def prepare_all(contestants: dict[str, Contestant], x: torch.Tensor, mode: str,
+             seed: int) -> dict[str, PreparedCall]:
     """Inputs, a fixed random ``grad_output`` (seeded) and a Timer for each contestant."""
     prepared = {}
     gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -76,11 +76,11 @@ def _prepare(contestants: dict[str, Contestant], x: torch.Tensor, mode: str,
         with torch.no_grad():
             shape = c.fn(*inputs).shape
         grad_output = torch.randn(shape, generator=gen).to(device=x.device, dtype=x.dtype)
-        prepared[name] = _prepared(c, inputs, mode, grad_output)
+        prepared[name] = prepare_call(c, inputs, mode, grad_output)
     return prepared
 
 
-def _time_prepared(prepared: dict[str, _Prepared], reps: int,
+def time_prepared(prepared: dict[str, PreparedCall], reps: int,
                    warmup: int) -> dict[str, list[float]]:
     """``warmup + reps`` round-robin repetitions; each contestant's last ``reps`` times (s).
 
@@ -101,7 +101,7 @@ def _time_prepared(prepared: dict[str, _Prepared], reps: int,
     return times
 
 
-def _quantiles(times: list[float]) -> tuple[float, float, float]:
+def quantiles(times: list[float]) -> tuple[float, float, float]:
     """First quartile, median and third quartile (linear interpolation)."""
     if len(times) == 1:
         return times[0], times[0], times[0]
@@ -143,12 +143,12 @@ def time_contestants(
         ValueError: unknown ``mode``; ``reps`` not positive; ``warmup``
             negative; ``x`` not 3-dimensional.
     """
-    _check_mode(mode)
+    check_mode(mode)
     _check_positive_int("reps", reps)
-    _check_warmup(warmup)
+    check_warmup(warmup)
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type_name(x)}")
     if x.ndim != 3:
         raise ValueError(f"x must be (batch, num_tokens, d_model), got shape {tuple(x.shape)}")
-    prepared = _prepare(contestants, x, mode, seed=1)
-    return _time_prepared(prepared, reps, warmup)
+    prepared = prepare_all(contestants, x, mode, seed=1)
+    return time_prepared(prepared, reps, warmup)
