@@ -60,21 +60,30 @@ the PyTorch tile loop that chapter 8's flash attention and ring attention share:
 
 The kernels themselves are plain Python functions in ``attnlib.flash_triton.kernels``
 (``kernels.forward_kernel``, ``kernels.key_tiles``, ``kernels.delta_kernel``,
-``kernels.grad_key_value_kernel``, ...), which the book prints; :func:`jit_kernels`
+``kernels.grad_key_value_kernel``, ...), which the book prints; ``jit_kernels``
 hands them to ``triton.jit``. The code is split by concern into private modules:
 ``_kernels`` (the kernels, as ``kernels``), ``_launch`` (Triton's import,
 ``triton.jit`` and autotuning, input checks, launch settings, the tile schedule in
 Python) and ``_api`` (the passes, autograd, the public functions).
 """
 
-from . import _kernels as kernels  # noqa: F401  (printed by chapter 11; not in __all__)
+# kernels (the kernels as Python functions, printed by chapter 11), jit_kernels (which
+# chapter 11 compiles for an H100) and imported_interpreted (which the tests ask how Triton
+# was imported) are public but not in __all__, off the API page: its links have no target
+# for their types (tl.tensor, types.SimpleNamespace, types.ModuleType).
+from . import _kernels as kernels  # noqa: F401
 from . import _launch
 from ._api import flash_attention_triton, flash_attention_triton_forward
-from ._launch import autotuned_configs, imported_interpreted, jit_kernels, tile_counts
+from ._launch import (  # noqa: F401
+    autotuned_configs,
+    imported_interpreted,
+    jit_kernels,
+    tile_counts,
+)
 
 __all__ = ["AUTOTUNE_CONFIGS", "CAUSAL_ALIGNMENTS", "HEAD_DIMS", "SUPPORTED_DTYPES",
            "autotuned_configs", "flash_attention_triton", "flash_attention_triton_forward",
-           "imported_interpreted", "jit_kernels", "tile_counts"]
+           "tile_counts"]
 
 # The constants live in ._launch, where the code reads them; each is re-bound here with
 # its documentation, for the API page.
