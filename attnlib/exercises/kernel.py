@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from .._validation import type_name
-from ..flash_triton._launch import import_triton, imported_interpreted
+from ..flash_triton import import_triton, imported_interpreted
 from ._common import (
     CheckFailed,
     answer_name,
@@ -217,8 +217,8 @@ def _recorded_reads(interpreted: bool) -> Iterator[list[Any]]:
             del builder.create_masked_load
 
 
-def _launch(kernel: Any, grid: tuple[int, ...], args: tuple, kwargs: dict, what: str
-            ) -> list[Any]:
+def _launch(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...],
+            kwargs: dict[str, Any], what: str) -> list[Any]:
     """Run ``kernel[grid](*args, **kwargs)``; an error in it becomes a CheckFailed.
 
     Triton's interpreter wraps an exception raised inside a kernel in its own
