@@ -193,3 +193,24 @@ def check_context(
     if context.device != x.device:
         raise ValueError(f"context is on {context.device}, x on {x.device}")
     return context
+
+
+def check_plain_multi_head(module: nn.Module, name: str, needed_by: str) -> None:
+    """Refuse a multi-head attention module with shared key/value heads or RoPE.
+
+    For converters written for chapter 6's :class:`attnlib.MultiHeadAttention`,
+    which its subclass :class:`attnlib.GroupedQueryAttention` passes as an
+    ``isinstance`` check.
+
+    Raises:
+        ValueError: ``num_kv_groups != num_heads`` or ``rope`` is set, naming
+            ``name`` (the argument) and ``needed_by`` (what needs it plain).
+    """
+    num_heads, num_kv_groups = module.num_heads, module.num_kv_groups
+    has_rope = getattr(module, "rope", None) is not None
+    if num_kv_groups != num_heads or has_rope:
+        raise ValueError(
+            f"{needed_by} needs multi-head attention without shared key/value heads or RoPE: "
+            f"{name} has num_kv_groups={num_kv_groups} (num_heads={num_heads}) and "
+            f"rope={has_rope}"
+        )

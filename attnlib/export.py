@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ._heads import check_plain_multi_head
 from ._validation import type_name
 from .data import JOURNEY_TOKENS, induction_batch, journey_embeddings
 from .models import TinyTransformer
@@ -137,12 +138,7 @@ class JourneyAttentionGraph(nn.Module):
     def __init__(self, mha: MultiHeadAttention, embeddings: torch.Tensor | None = None) -> None:
         if not isinstance(mha, MultiHeadAttention):
             raise TypeError(f"mha must be an attnlib.MultiHeadAttention, got {type_name(mha)}")
-        if mha.num_kv_groups != mha.num_heads or mha.rope is not None:
-            raise ValueError(
-                "mha must be chapter 6's multi-head attention, without shared key/value "
-                f"heads or RoPE: got num_kv_groups={mha.num_kv_groups}, "
-                f"num_heads={mha.num_heads}, rope={mha.rope is not None}"
-            )
+        check_plain_multi_head(mha, "mha", "JourneyAttentionGraph")
         if embeddings is None:
             embeddings = journey_embeddings()
         if not isinstance(embeddings, torch.Tensor) or not embeddings.is_floating_point():

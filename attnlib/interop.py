@@ -71,6 +71,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ._heads import check_plain_multi_head
 from ._validation import check_positive_int, type_name
 from .gqa import GroupedQueryAttention
 from .multihead import MultiHeadAttention
@@ -486,12 +487,7 @@ def mha_to_gpt2_attention(module: MultiHeadAttention, hf_attn: Any) -> Any:
     """
     if not isinstance(module, MultiHeadAttention):
         raise TypeError(f"module must be an attnlib.MultiHeadAttention, got {type_name(module)}")
-    if module.num_kv_groups != module.num_heads or module.rope is not None:
-        raise ValueError(
-            "GPT-2's attention is multi-head attention without RoPE: module has "
-            f"num_kv_groups={module.num_kv_groups} (num_heads={module.num_heads}) and "
-            f"rope={module.rope is not None}"
-        )
+    check_plain_multi_head(module, "module", "GPT-2's attention")
     _check_gpt2(hf_attn)
     d = int(hf_attn.c_proj.weight.shape[0])
     if (module.d_in, module.d_out, module.num_heads * module.head_dim) != (d, d, d) or (
