@@ -1,4 +1,13 @@
-"""A key-value cache: what an attention layer keeps between decoding steps.
+"""Caches: what an attention layer keeps between decoding steps.
+
+:class:`Cache` is the one interface of attnlib's caches (as Hugging Face's
+``Cache.update(key, value, layer_idx)``): ``update`` takes the new tokens' two
+tensors and returns what the layer attends to; ``num_tokens``, ``reset`` and
+``memory_bytes`` say what it holds. Every attention layer of attnlib makes its
+own with ``new_cache()``: a :class:`KVCache` here, multi-head latent
+attention's :class:`attnlib.latent.LatentCache`, Gated DeltaNet's
+:class:`attnlib.linear_attention.RecurrentState`; so
+:meth:`attnlib.TinyTransformer.generate` decodes with any of them.
 
 When a causal language model generates text it runs one new token at a time.
 The keys and values of the earlier tokens do not change (causal attention never
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -32,7 +42,7 @@ import torch
 
 from ._validation import type_name
 
-__all__ = ["KVCache"]
+__all__ = ["Cache", "KVCache"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -58,7 +68,48 @@ def _renamed_keyword(old: str, new: str) -> Callable[[_F], _F]:
     return decorate
 
 
-class KVCache:
+class Cache(ABC):
+    """What one attention layer keeps between decoding steps: the interface of every cache.
+
+    A cache belongs to one layer and one batch of sequences. The layer calls
+    :meth:`update` once per forward pass with two tensors of the new tokens
+    (keys and values, for a :class:`KVCache`) and attends to what it returns;
+    a cache that only appends returns everything held, old tokens first.
+    Layers make their own (``layer.new_cache()``), and a model keeps one per
+    layer (:meth:`attnlib.TinyTransformer.new_caches`).
+
+    Source: Hugging Face transformers' ``Cache`` (``update(key_states,
+    value_states, layer_idx)``, ``get_seq_length``), one object per layer here.
+    """
+
+    @property
+    @abstractmethod
+    def num_tokens(self) -> int:
+        """Tokens seen so far (0 while empty)."""
+
+    def __len__(self) -> int:
+        return self.num_tokens
+
+    @abstractmethod
+    def update(
+        self, first: torch.Tensor, second: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Take the new tokens' two tensors; return the two the layer reads.
+
+        Raises:
+            TypeError, ValueError: the tensors do not fit what the cache holds.
+        """
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Empty the cache (to start a new sequence)."""
+
+    @abstractmethod
+    def memory_bytes(self) -> int:
+        """Bytes the cache's tensors hold."""
+
+
+class KVCache(Cache):
     """Keys and values of one attention layer for the tokens seen so far.
 
     The cache starts empty; :meth:`update` appends the keys and values of new
@@ -98,9 +149,6 @@ class KVCache:
     def num_tokens(self) -> int:
         """Tokens cached so far (0 while empty)."""
         return 0 if self.keys is None else self.keys.shape[-2]
-
-    def __len__(self) -> int:
-        return self.num_tokens
 
     @_renamed_keyword("num_kv_heads", "num_kv_groups")
     def check_next(

@@ -39,17 +39,20 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ._validation import check_bool, check_input, check_positive_int, type_name
+from .functional import bottom_right_causal_mask
+from .kv_cache import Cache
 from .positional import RotaryPositionalEmbedding, yarn_mscale
 
 __all__ = ["LatentCache", "MultiHeadLatentAttention"]
 
 
-class LatentCache:
+class LatentCache(Cache):
     """What :class:`MultiHeadLatentAttention` keeps between decoding steps.
 
     Two tensors per layer, appended to on the token dimension: the normalised
     latents ``c_kv`` and the RoPE keys (already rotated), shared by all heads.
-    No per-head key or value is stored.
+    No per-head key or value is stored. A :class:`attnlib.kv_cache.Cache`:
+    ``update(latents, rope_keys)`` in the place of ``update(keys, values)``.
 
     Attributes:
         latents: ``(batch, num_tokens, kv_lora_rank)``, or None while empty.
@@ -67,9 +70,6 @@ class LatentCache:
     def num_tokens(self) -> int:
         """Tokens cached so far (0 while empty)."""
         return 0 if self.latents is None else self.latents.shape[1]
-
-    def __len__(self) -> int:
-        return self.num_tokens
 
     def update(
         self, latents: torch.Tensor, rope_keys: torch.Tensor
@@ -297,6 +297,10 @@ class MultiHeadLatentAttention(nn.Module):
         """How many numbers the cache keeps per token, ``kv_lora_rank + qk_rope_head_dim``."""
         return self.kv_lora_rank + self.qk_rope_head_dim
 
+    def new_cache(self) -> LatentCache:
+        """An empty :class:`LatentCache` for :meth:`forward`'s ``kv_cache``."""
+        return LatentCache()
+
     def absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``W_UK`` and ``W_UV``: ``W_kv_up``'s weight split per head.
 
@@ -326,6 +330,7 @@ class MultiHeadLatentAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
+        return_weights: bool = False,
         *,
         kv_cache: LatentCache | None = None,
         absorb: bool = False,
@@ -334,6 +339,8 @@ class MultiHeadLatentAttention(nn.Module):
 
         Args:
             x: ``(batch, num_tokens, d_in)``; with ``kv_cache``, only the new tokens.
+            return_weights: must be ``False`` (the signature of attnlib's
+                attention layers; this one does not return its weights).
             kv_cache: keyword-only; a :class:`LatentCache` holding the earlier
                 tokens' latents and RoPE keys; the new ones are appended in
                 place, and the new queries (at positions ``num_cached ..``)
@@ -349,12 +356,16 @@ class MultiHeadLatentAttention(nn.Module):
         Raises:
             TypeError: ``x`` is not a floating-point tensor of the module's
                 dtype, ``kv_cache`` is not a :class:`LatentCache`, or
-                ``absorb`` is not a bool.
+                ``absorb`` or ``return_weights`` is not a bool.
             ValueError: ``x`` is not ``(batch, num_tokens, d_in)`` or is empty,
-                or the cached and new tokens exceed ``context_length``.
+                the cached and new tokens exceed ``context_length``, or
+                ``return_weights`` is True.
         """
         check_input(x, self.d_in, (3,), self.context_length, like=self.W_kv_down.weight)
         check_bool("absorb", absorb)
+        if check_bool("return_weights", return_weights):
+            raise ValueError("MultiHeadLatentAttention does not return attention weights: "
+                             "call it with return_weights=False")
         if kv_cache is not None and not isinstance(kv_cache, LatentCache):
             raise TypeError(
                 f"kv_cache must be an attnlib.LatentCache or None, got {type_name(kv_cache)}"
@@ -377,9 +388,8 @@ class MultiHeadLatentAttention(nn.Module):
             latents, k_rope = kv_cache.update(latents, k_rope)
             # latents: (b, num_tokens_kv, kv_lora_rank); k_rope: (b, num_tokens_kv, rope)
         num_tokens_kv = latents.shape[1]
-        allowed = torch.ones(num_tokens, num_tokens_kv, dtype=torch.bool, device=x.device).tril(
-            diagonal=num_cached
-        )  # True = may attend; new queries are the bottom rows of the causal mask
+        allowed = bottom_right_causal_mask(num_tokens, num_tokens_kv, device=x.device)
+        # allowed: (num_tokens, num_tokens_kv), True = may attend; new queries at the bottom
         w_uk, w_uv = self.absorbed_weights()
         if absorb:
             # Map each head's query into the latent space: q_nope W_UK[h].

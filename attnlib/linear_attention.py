@@ -35,7 +35,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._validation import check_float_tensor, check_input, check_positive_int, type_name
+from ._validation import (
+    check_bool,
+    check_float_tensor,
+    check_input,
+    check_positive_int,
+    type_name,
+)
+from .functional import bottom_right_causal_mask, causal_mask
+from .kv_cache import Cache
 
 __all__ = [
     "FORMS",
@@ -58,7 +66,9 @@ def _check_form(form: object, allowed: tuple[str, ...]) -> str:
     return form
 
 
-def _check_qkv(queries: object, keys: object, values: object) -> None:
+def _check_qkv(
+    queries: object, keys: object, values: object, *, fewer_queries: bool = False
+) -> None:
     for name, t in (("queries", queries), ("keys", keys), ("values", values)):
         check_float_tensor(name, t, min_ndim=4)
         assert isinstance(t, torch.Tensor)  # check_float_tensor raised otherwise
@@ -69,10 +79,14 @@ def _check_qkv(queries: object, keys: object, values: object) -> None:
             )
     assert isinstance(queries, torch.Tensor) and isinstance(keys, torch.Tensor)
     assert isinstance(values, torch.Tensor)
-    if queries.shape != keys.shape:
+    q_shape, k_shape = tuple(queries.shape), tuple(keys.shape)
+    if fewer_queries and q_shape[2] <= k_shape[2]:
+        q_shape, k_shape = q_shape[:2] + q_shape[3:], k_shape[:2] + k_shape[3:]
+    if q_shape != k_shape:
         raise ValueError(
             f"queries and keys must have the same shape, got {tuple(queries.shape)} "
             f"and {tuple(keys.shape)}"
+            + (" (or the queries fewer tokens)" if fewer_queries else "")
         )
     if values.shape[:3] != keys.shape[:3]:
         raise ValueError(
@@ -101,7 +115,9 @@ def linear_attention(
     ``exp(q . k)`` replaced by the kernel ``phi(q) . phi(k)``, which factorises.
 
     Args:
-        queries, keys: ``(batch, num_heads, num_tokens, head_dim)``.
+        queries, keys: ``(batch, num_heads, num_tokens, head_dim)``; with
+            ``form="parallel"`` the queries may be the last ``num_tokens_q <
+            num_tokens`` positions only (decoding with cached keys and values).
         values: ``(batch, num_heads, num_tokens, head_dim_v)``.
         form: keyword-only; ``"parallel"`` (default: the masked
             ``(num_tokens, num_tokens)`` matrix ``phi(Q) phi(K)^T``, normalised
@@ -110,7 +126,7 @@ def linear_attention(
         eps: keyword-only; added to the normaliser. Default 1e-6.
 
     Returns:
-        ``(batch, num_heads, num_tokens, head_dim_v)``.
+        ``(batch, num_heads, num_tokens_q, head_dim_v)``.
 
     Raises:
         TypeError: a tensor is not floating point, the dtypes differ, or
@@ -122,15 +138,15 @@ def linear_attention(
     Autoregressive Transformers with Linear Attention", eq. (4)-(7) and
     section 3.4 (causal masking; the RNN form, eq. (16)-(20)).
     """
-    _check_qkv(queries, keys, values)
     _check_form(form, ("parallel", "recurrent"))
+    _check_qkv(queries, keys, values, fewer_queries=form == "parallel")
     phi_q = F.elu(queries) + 1.0  # (b, h, n, head_dim), positive
     phi_k = F.elu(keys) + 1.0  # (b, h, n, head_dim)
     if form == "parallel":
-        n = queries.shape[2]
-        allowed = torch.ones(n, n, dtype=torch.bool, device=queries.device).tril()
+        allowed = bottom_right_causal_mask(queries.shape[2], keys.shape[2],
+                                           device=queries.device)  # (n_q, n)
         attn_scores = (phi_q @ phi_k.transpose(-2, -1)).masked_fill(~allowed, 0.0)
-        # attn_scores: (b, h, n, n), zero above the diagonal
+        # attn_scores: (b, h, n_q, n), zero where a query may not look
         attn_weights = attn_scores / (attn_scores.sum(-1, keepdim=True) + eps)
         return attn_weights @ values  # (b, h, n, head_dim_v)
     b, h, n, d = queries.shape
@@ -233,7 +249,7 @@ def _chunk(
     """
     n = queries.shape[2]
     log_decay = g.cumsum(-1)  # (b, h, n): log G_t
-    causal = torch.ones(n, n, dtype=torch.bool, device=queries.device).tril()
+    causal = causal_mask(n, device=queries.device)  # (n, n), True on and below the diagonal
     diff = log_decay[..., :, None] - log_decay[..., None, :]  # (b, h, n, n): log G_t / G_i
     decay = diff.masked_fill(~causal, float("-inf")).exp()  # zero above the diagonal
     key_key = keys @ keys.transpose(-2, -1)  # (b, h, n, n)
@@ -365,23 +381,82 @@ def _check_range(name: str, pair: object) -> tuple[float, float]:
     return float(pair[0]), float(pair[1])
 
 
-class RecurrentState:
+class RecurrentState(Cache):
     """What a :class:`GatedDeltaNet` keeps between decoding steps: constant in size.
+
+    A :class:`attnlib.kv_cache.Cache` whose :meth:`update` does not append:
+    it keeps the last ``conv_size - 1`` inputs of the short convolution and
+    *replaces* the delta rule's state with the one after the new tokens.
+
+    Args:
+        conv_size: the layer's convolution kernel size (the layer's
+            :meth:`GatedDeltaNet.new_cache` passes its own). Default 4.
 
     Attributes:
         conv_state: ``(batch, conv_channels, conv_size - 1)``: the last inputs
             of the short convolution, or None while empty.
         state: ``(batch, num_heads, head_dim, head_dim_v)``: the delta rule's
             memory, or None while empty.
-        num_tokens: tokens seen so far.
+
+    Raises:
+        TypeError, ValueError: ``conv_size`` is not a positive int.
 
     Source: Yang et al. (2024), "Gated Delta Networks", section 3.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, conv_size: int = 4) -> None:
+        self.conv_size = check_positive_int("conv_size", conv_size)
         self.conv_state: torch.Tensor | None = None
         self.state: torch.Tensor | None = None
-        self.num_tokens = 0
+        self._num_tokens = 0
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens seen so far."""
+        return self._num_tokens
+
+    def update(  # the Cache interface: (first, second) are (conv_inputs, state) here
+        self, conv_inputs: torch.Tensor, state: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Take the new tokens' convolution inputs and the state after them.
+
+        Args:
+            conv_inputs: ``(batch, conv_channels, num_new)``, the new tokens'
+                inputs of the short convolution.
+            state: ``(batch, num_heads, head_dim, head_dim_v)``, the delta
+                rule's state after the new tokens.
+
+        Returns:
+            ``(conv_state, state)``: the last ``conv_size - 1`` convolution
+            inputs (zeros before the first token) and ``state``.
+
+        Raises:
+            TypeError: a tensor is not floating point.
+            ValueError: a tensor is not 3-D/4-D or does not fit what is held.
+        """
+        check_float_tensor("conv_inputs", conv_inputs, min_ndim=3)
+        check_float_tensor("state", state, min_ndim=4)
+        held = self.conv_state
+        if held is None:
+            held = conv_inputs.new_zeros(*conv_inputs.shape[:2], self.conv_size - 1)
+        if conv_inputs.ndim != 3 or held.shape[:2] != conv_inputs.shape[:2]:
+            raise ValueError(
+                f"conv_inputs must be (batch, conv_channels, num_new) = {tuple(held.shape[:2])}"
+                f" + (num_new,), got {tuple(conv_inputs.shape)}: use one state per layer"
+            )
+        if self.state is not None and self.state.shape != state.shape:
+            raise ValueError(f"state must have shape {tuple(self.state.shape)}, "
+                             f"got {tuple(state.shape)}")
+        window = torch.cat([held, conv_inputs], dim=-1)  # (b, channels, conv_size - 1 + n)
+        self.conv_state = window[:, :, window.shape[-1] - (self.conv_size - 1):].clone()
+        self.state = state
+        self._num_tokens += conv_inputs.shape[-1]
+        return self.conv_state, self.state
+
+    def reset(self) -> None:
+        """Empty the state (to start a new sequence)."""
+        self.conv_state = self.state = None
+        self._num_tokens = 0
 
     def memory_bytes(self) -> int:
         """Bytes held; the same after 10 tokens as after 10 000."""
@@ -571,40 +646,58 @@ class GatedDeltaNet(nn.Module):
         channels = self.conv.in_channels
         return self.num_heads * self.head_dim * self.head_dim_v + channels * (self.conv_size - 1)
 
+    def new_cache(self) -> RecurrentState:
+        """An empty :class:`RecurrentState` for :meth:`forward`'s ``kv_cache``."""
+        return RecurrentState(self.conv_size)
+
     def forward(
-        self, x: torch.Tensor, *, state: RecurrentState | None = None
+        self,
+        x: torch.Tensor,
+        return_weights: bool = False,
+        *,
+        kv_cache: RecurrentState | None = None,
     ) -> torch.Tensor:
-        """The layer on ``x``, optionally continuing from (and updating) ``state``.
+        """The layer on ``x``, optionally continuing from (and updating) ``kv_cache``.
 
         Args:
-            x: ``(batch, num_tokens, d_in)``; with ``state``, only the new tokens.
-            state: keyword-only; a :class:`RecurrentState` (empty at the start
-                of a sequence), updated in place. Default None.
+            x: ``(batch, num_tokens, d_in)``; with a cache, only the new tokens.
+            return_weights: must be ``False`` (the signature of attnlib's
+                attention layers; this layer has no attention weights).
+            kv_cache: keyword-only; a :class:`RecurrentState` (:meth:`new_cache`,
+                empty at the start of a sequence), updated in place. Default None.
+                (Called ``state`` before attnlib 0.5.)
 
         Returns:
             ``(batch, num_tokens, d_in)``.
 
         Raises:
             TypeError: ``x`` is not a floating-point tensor of the module's
-                dtype, or ``state`` is not a :class:`RecurrentState`.
-            ValueError: ``x`` is not ``(batch, num_tokens, d_in)`` or is empty.
+                dtype, or the cache is not a :class:`RecurrentState`.
+            ValueError: ``x`` is not ``(batch, num_tokens, d_in)`` or is empty,
+                ``return_weights`` is True, or the cache's ``conv_size`` is not
+                the layer's.
         """
         check_input(x, self.d_in, (3,), like=self.W_query.weight)
-        if state is not None and not isinstance(state, RecurrentState):
+        if check_bool("return_weights", return_weights):
+            raise ValueError("GatedDeltaNet has no attention weights: return_weights=False")
+        if kv_cache is not None and not isinstance(kv_cache, RecurrentState):
             raise TypeError(
-                f"state must be an attnlib.RecurrentState or None, got {type_name(state)}"
+                f"kv_cache must be an attnlib.RecurrentState or None, got {type_name(kv_cache)}"
             )
+        if kv_cache is not None and kv_cache.conv_size != self.conv_size:
+            raise ValueError(f"the RecurrentState has conv_size={kv_cache.conv_size}, the "
+                             f"layer {self.conv_size}: use layer.new_cache()")
         b, n, _ = x.shape
         h, hk, d, dv = self.num_heads, self.num_key_heads, self.head_dim, self.head_dim_v
         mixed = torch.cat([self.W_query(x), self.W_key(x), self.W_value(x)], dim=-1)
         mixed = mixed.transpose(1, 2)  # (b, channels, n)
-        if state is not None and state.conv_state is not None:
-            history = state.conv_state
+        if kv_cache is not None and kv_cache.conv_state is not None:
+            history = kv_cache.conv_state
         else:
             history = mixed.new_zeros(b, mixed.shape[1], self.conv_size - 1)
         padded = torch.cat([history, mixed], dim=-1)  # (b, channels, conv_size - 1 + n)
-        mixed = F.silu(self.conv(padded)).transpose(1, 2)  # (b, n, channels), causal
-        queries, keys, values = mixed.split([hk * d, hk * d, h * dv], dim=-1)
+        conv_out = F.silu(self.conv(padded)).transpose(1, 2)  # (b, n, channels), causal
+        queries, keys, values = conv_out.split([hk * d, hk * d, h * dv], dim=-1)
         queries = F.normalize(queries.view(b, n, hk, d), dim=-1).transpose(1, 2)
         # queries: (b, hk, n, d), unit norm
         keys = F.normalize(keys.view(b, n, hk, d), dim=-1).transpose(1, 2)  # (b, hk, n, d)
@@ -617,13 +710,10 @@ class GatedDeltaNet(nn.Module):
         outputs, final_state = gated_delta_rule(
             queries, keys, values, beta, g,
             form="recurrent" if n == 1 else "chunked", chunk_size=self.chunk_size,
-            initial_state=None if state is None else state.state,
+            initial_state=None if kv_cache is None else kv_cache.state,
         )  # (b, h, n, dv)
-        if state is not None:
-            state.conv_state = padded[:, :, -(self.conv_size - 1):].clone() if (
-                self.conv_size > 1) else padded[:, :, :0].clone()
-            state.state = final_state
-            state.num_tokens += n
+        if kv_cache is not None:
+            kv_cache.update(mixed, final_state)
         outputs = self.norm(outputs.transpose(1, 2))  # (b, n, h, dv)
         gate = F.silu(self.W_gate(x)).view(b, n, h, dv)  # (b, n, h, dv)
         return self.out_proj((outputs * gate).reshape(b, n, h * dv))  # (b, n, d_in)

@@ -15,8 +15,10 @@ positional encoding from :mod:`attnlib.positional`, and blocks of causal
 
 Without the MLP (``d_ff=None``, the default) the model is *attention-only*: all
 it can do is move information between positions, which is what chapter 10
-wants to watch. :meth:`TinyTransformer.generate` continues a prompt greedily,
-with or without one :class:`attnlib.KVCache` per block.
+wants to watch. Another token mixing goes in by passing a module or a factory
+as ``attention`` (:mod:`attnlib.variants`). :meth:`TinyTransformer.generate`
+continues a prompt greedily, with or without one cache per block, each made
+by its block's attention (``new_cache()``, an :class:`attnlib.kv_cache.Cache`).
 
 Shape legend used in every docstring here:
 
@@ -29,18 +31,20 @@ Shape legend used in every docstring here:
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn as nn
 
 from ._validation import check_bool, check_dropout, check_positive_int, type_name
 from .gqa import GroupedQueryAttention
-from .kv_cache import KVCache
+from .kv_cache import Cache, KVCache
 from .multihead import MultiHeadAttention
 from .positional import (
     LearnedPositionalEmbedding,
     SinusoidalPositionalEncoding,
 )
-from .variants import ATTENTION_CHOICES, SharedKVAttention, VariantAttention
+from .variants import AttentionFactory, SharedKVAttention
 
 __all__ = [
     "POSITIONAL_CHOICES",
@@ -52,8 +56,15 @@ __all__ = [
 POSITIONAL_CHOICES = ("learned", "sinusoidal", "rope")
 
 
+def _label(attention: object) -> str:
+    """A name for ``attention`` (a module or a factory) in messages and reprs."""
+    if isinstance(attention, nn.Module):
+        return type(attention).__name__
+    return str(getattr(attention, "__name__", type(attention).__name__))
+
+
 class TransformerBlock(nn.Module):
-    """One pre-LayerNorm block: causal multi-head attention, then an optional MLP.
+    """One pre-LayerNorm block: causal attention, then an optional MLP.
 
     ``forward(x)`` returns ``x + attn(norm_1(x))``, then, when the block has an
     MLP, adds ``mlp(norm_2(...))`` the same way. Each sub-layer reads a
@@ -72,19 +83,19 @@ class TransformerBlock(nn.Module):
             Default 0.0.
         rope: keyword-only; rotate each head's queries and keys by their
             positions (RoPE). Default ``False``.
-        kv_role: keyword-only; None (default: the attention above), or
-            ``"producer"``/``"consumer"``: a :class:`~attnlib.variants.SharedKVAttention` that
-            lends its keys and values to later blocks, or borrows them (for
-            cross-layer KV sharing; run it with :meth:`forward_shared`).
-        attention: keyword-only; ``"softmax"`` (default: the attention above)
-            or another kind of :data:`~attnlib.variants.ATTENTION_CHOICES`, a
-            :class:`~attnlib.variants.VariantAttention` (needs ``kv_role=None``, ``rope=False``
-            and ``dropout=0``).
+        attention: keyword-only; the token mixing: None (default: causal
+            multi-head attention, as below), an ``nn.Module`` used as it is, or a
+            factory called as ``attention(d_model, context_length, num_heads)``
+            (:data:`attnlib.variants.AttentionFactory`, e.g.
+            :class:`attnlib.variants.LinearAttention`). Its ``forward(x,
+            return_weights=False, *, kv_cache=None)`` maps ``(batch, num_tokens,
+            d_model)`` to the same shape; ``dropout`` and ``rope`` configure only
+            the default attention, so they must stay off with another.
 
     Attributes:
         norm_1: ``nn.LayerNorm(d_model)`` before the attention.
-        attn: the causal attention: an :class:`attnlib.MultiHeadAttention`, or
-            with ``rope=True`` an :class:`attnlib.GroupedQueryAttention` with
+        attn: the attention: by default an :class:`attnlib.MultiHeadAttention`,
+            or with ``rope=True`` an :class:`attnlib.GroupedQueryAttention` with
             ``num_kv_groups = num_heads`` (that is, multi-head attention) and
             ``rope=True``.
         norm_2, mlp: ``nn.LayerNorm(d_model)`` and the MLP, or None for both.
@@ -94,11 +105,12 @@ class TransformerBlock(nn.Module):
         - Output: the same shape.
 
     Raises:
-        TypeError: a size is not an int, ``dropout`` is not a float, or
-            ``rope`` is not a bool.
+        TypeError: a size is not an int, ``dropout`` is not a float, ``rope``
+            is not a bool, or ``attention`` is neither a module nor callable.
         ValueError: a size is not positive, ``d_model`` is not divisible by
-            ``num_heads``, ``dropout`` is outside ``[0, 1)``, or with
-            ``rope=True`` the head size ``d_model // num_heads`` is odd.
+            ``num_heads``, ``dropout`` is outside ``[0, 1)``, with
+            ``rope=True`` the head size ``d_model // num_heads`` is odd, or
+            ``attention`` is given with ``dropout`` or ``rope``.
 
     Source: Vaswani et al. (2017), "Attention Is All You Need", section 3.1
     (residual connections around each sub-layer); Xiong et al. (2020), "On
@@ -115,27 +127,24 @@ class TransformerBlock(nn.Module):
         d_ff: int | None = None,
         dropout: float = 0.0,
         rope: bool = False,
-        kv_role: str | None = None,
-        attention: str = "softmax",
+        attention: nn.Module | AttentionFactory | None = None,
     ) -> None:
         check_positive_int("d_model", d_model)
         check_positive_int("context_length", context_length)
         check_positive_int("num_heads", num_heads)
-        if attention not in ATTENTION_CHOICES:
-            raise ValueError(
-                f"attention must be one of {ATTENTION_CHOICES}, got attention={attention!r}"
-            )
-        if attention != "softmax" and (kv_role is not None or rope or dropout != 0):
-            raise ValueError(
-                f"attention={attention!r} needs kv_role=None, rope=False and dropout=0"
-            )
         if d_ff is not None:
             check_positive_int("d_ff", d_ff)
         check_dropout(dropout)
         check_bool("rope", rope)
-        if kv_role not in (None, "producer", "consumer"):
+        if attention is not None and not callable(attention):
+            raise TypeError(
+                f"attention must be an nn.Module, a factory (d_model, context_length, "
+                f"num_heads) -> nn.Module, or None, got {type_name(attention)}"
+            )
+        if attention is not None and (rope or dropout != 0):
             raise ValueError(
-                f"kv_role must be None, 'producer' or 'consumer', got kv_role={kv_role!r}"
+                "dropout and rope configure the default attention: with attention="
+                f"{_label(attention)!r} they must stay off, got dropout={dropout}, rope={rope}"
             )
         if d_model % num_heads != 0:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
@@ -148,14 +157,11 @@ class TransformerBlock(nn.Module):
         self.d_model = d_model
         self.d_ff = d_ff
         self.norm_1 = nn.LayerNorm(d_model)
-        self.kv_role = kv_role
         self.attn: nn.Module
-        if attention != "softmax":
-            self.attn = VariantAttention(attention, d_model, context_length, num_heads)
-        elif kv_role is not None:
-            self.attn = SharedKVAttention(
-                d_model, context_length, num_heads, makes_kv=kv_role == "producer", rope=rope
-            )
+        if isinstance(attention, nn.Module):
+            self.attn = attention
+        elif attention is not None:
+            self.attn = attention(d_model, context_length, num_heads)
         elif rope:
             self.attn = GroupedQueryAttention(
                 d_model, d_model, context_length, dropout, num_heads, num_heads, rope=True
@@ -173,12 +179,24 @@ class TransformerBlock(nn.Module):
                 nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model)
             )
 
+    def new_cache(self) -> Cache | None:
+        """The attention's empty cache (``attn.new_cache()``); None for an attention
+        that keeps nothing of its own (a KV-sharing consumer)."""
+        make = getattr(self.attn, "new_cache", None)
+        if make is None:  # a module without new_cache keeps keys and values
+            return KVCache()
+        cache = make()
+        if cache is not None and not isinstance(cache, Cache):
+            raise TypeError(f"{type_name(self.attn)}.new_cache() must return an "
+                            f"attnlib.kv_cache.Cache or None, got {type_name(cache)}")
+        return cache
+
     def forward(
         self,
         x: torch.Tensor,
         return_weights: bool = False,
         *,
-        kv_cache: KVCache | None = None,
+        kv_cache: Cache | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Run the block on the residual stream ``x``.
 
@@ -187,8 +205,8 @@ class TransformerBlock(nn.Module):
             return_weights: also return the attention weights, computed on
                 :class:`attnlib.MultiHeadAttention`'s readable path. Default
                 ``False``.
-            kv_cache: keyword-only; this block's :class:`attnlib.KVCache`, passed
-                to the attention (``x`` then holds only the new tokens).
+            kv_cache: keyword-only; this block's cache (:meth:`new_cache`),
+                passed to the attention (``x`` then holds only the new tokens).
                 Default None.
 
         Returns:
@@ -215,26 +233,6 @@ class TransformerBlock(nn.Module):
         if return_weights:
             return x, attn_weights
         return x
-
-    def forward_shared(
-        self,
-        x: torch.Tensor,
-        shared_kv: tuple[torch.Tensor, torch.Tensor] | None,
-        *,
-        kv_cache: KVCache | None = None,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """The block with a :class:`~attnlib.variants.SharedKVAttention` (``kv_role`` set).
-
-        Returns ``(x, (keys, values))``: the new residual stream and the keys
-        and values the attention used, for the next consumer blocks.
-        """
-        if self.kv_role is None:
-            raise ValueError("forward_shared needs a block built with kv_role set")
-        attn_out, kv = self.attn(self.norm_1(x), shared_kv, kv_cache=kv_cache)
-        x = x + attn_out  # (batch, num_tokens, d_model)
-        if self.mlp is not None and self.norm_2 is not None:
-            x = x + self.mlp(self.norm_2(x))  # (batch, num_tokens, d_model)
-        return x, kv
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, d_ff={self.d_ff}"
@@ -269,15 +267,19 @@ class TinyTransformer(nn.Module):
             block has its own, the model as before. With ``kv_sharing=2``,
             blocks 0, 2, 4, ... compute keys and values
             (:class:`~attnlib.variants.SharedKVAttention` producers) and blocks 1, 3, 5, ...
-            reuse them, so the KV cache halves. Needs ``dropout=0`` and does
-            not return attention weights.
-        attention: keyword-only; what mixes the tokens in every block:
-            ``"softmax"`` (default, the model as before), or ``"linear"``,
-            ``"gated_deltanet"``, ``"mla"`` or ``"sparse"``, a
-            :class:`~attnlib.variants.VariantAttention` (see there). The variants need
-            ``kv_sharing=1``, ``dropout=0`` and a positional other than
-            ``"rope"``; they return no attention weights and use no KV cache
-            (:meth:`generate` then recomputes the whole sequence each step).
+            reuse them from the producer's cache, so the KV cache halves. Needs
+            ``dropout=0`` and does not return attention weights.
+        attention: keyword-only; what mixes the tokens in every block: None
+            (default: causal multi-head attention), or a factory called once
+            per block as ``attention(d_model, context_length, num_heads)``
+            (:data:`~attnlib.variants.AttentionFactory`: e.g.
+            :class:`~attnlib.variants.LinearAttention`,
+            :class:`~attnlib.variants.TopKAttention`,
+            :func:`~attnlib.variants.latent_attention_layer`,
+            :func:`~attnlib.variants.gated_deltanet_layer`). Another attention
+            needs ``kv_sharing=1``, ``dropout=0`` and a positional other than
+            ``"rope"``; the variants return no attention weights, and each
+            decodes with its own cache.
 
     Attributes:
         tok_emb: ``nn.Embedding(vocab_size, d_model)``.
@@ -288,14 +290,16 @@ class TinyTransformer(nn.Module):
 
     Raises:
         TypeError: a size is not an int, ``d_ff`` is not an int or None,
-            ``positional`` is not a str, or ``dropout`` is not a float.
+            ``positional`` is not a str, ``dropout`` is not a float, or
+            ``attention`` is not a factory (a module, a string or another
+            object).
         ValueError: a size is not positive, ``d_model`` is not divisible by
             ``num_heads``, ``positional`` is not one of
             :data:`POSITIONAL_CHOICES`, ``dropout`` is outside ``[0, 1)``, or
             with ``positional="rope"`` the head size is odd; ``kv_sharing`` is
-            not positive, or above 1 with ``dropout > 0``; ``attention`` is not
-            one of :data:`~attnlib.variants.ATTENTION_CHOICES`, or not ``"softmax"`` together
-            with ``kv_sharing > 1``, ``dropout > 0`` or ``positional="rope"``.
+            not positive, or above 1 with ``dropout > 0``; ``attention`` is
+            given together with ``kv_sharing > 1``, ``dropout > 0`` or
+            ``positional="rope"``.
 
     Source: Radford et al. (2019), "Language Models are Unsupervised Multitask
     Learners", section 2.3 (GPT-2: a decoder-only transformer with layer
@@ -319,21 +323,21 @@ class TinyTransformer(nn.Module):
         positional: str = "learned",
         dropout: float = 0.0,
         kv_sharing: int = 1,
-        attention: str = "softmax",
+        attention: AttentionFactory | None = None,
     ) -> None:
         check_positive_int("vocab_size", vocab_size)
         check_positive_int("kv_sharing", kv_sharing)
-        if not isinstance(attention, str):
-            raise TypeError(f"attention must be a str, got {type_name(attention)}")
-        if attention not in ATTENTION_CHOICES:
-            raise ValueError(
-                f"attention must be one of {ATTENTION_CHOICES}, got attention={attention!r}"
-            )
-        if attention != "softmax" and (
-            kv_sharing > 1 or dropout != 0 or positional == "rope"
+        if attention is not None and (
+            isinstance(attention, (nn.Module, str)) or not callable(attention)
         ):
+            raise TypeError(
+                "attention must be a factory called as attention(d_model, context_length, "
+                "num_heads), one module per block (e.g. attnlib.variants.LinearAttention), "
+                f"or None, got {type_name(attention)} attention={attention!r}"
+            )
+        if attention is not None and (kv_sharing > 1 or dropout != 0 or positional == "rope"):
             raise ValueError(
-                f"attention={attention!r} needs kv_sharing=1, dropout=0 and positional "
+                f"attention={_label(attention)!r} needs kv_sharing=1, dropout=0 and positional "
                 f"'learned' or 'sinusoidal', got kv_sharing={kv_sharing}, dropout={dropout}, "
                 f"positional={positional!r}"
             )
@@ -371,7 +375,8 @@ class TinyTransformer(nn.Module):
         self.num_layers = num_layers
         self.positional = positional
         self.kv_sharing = int(kv_sharing)
-        self.attention = attention
+        #: "softmax" for the default attention, else the factory's name (for reprs)
+        self.attention = "softmax" if attention is None else _label(attention)
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         self.pos_emb: LearnedPositionalEmbedding | SinusoidalPositionalEncoding | None
         if positional == "learned":
@@ -383,30 +388,43 @@ class TinyTransformer(nn.Module):
         self.blocks = nn.ModuleList(
             TransformerBlock(
                 d_model, context_length, num_heads, d_ff=d_ff, dropout=dropout, rope=rope,
-                kv_role=self._kv_role(i), attention=attention,
+                attention=attention,
+            ) if self.kv_sharing == 1 else TransformerBlock(
+                d_model, context_length, num_heads, d_ff=d_ff,
+                attention=SharedKVAttention(  # producers of keys and values, and consumers
+                    d_model, context_length, num_heads, makes_kv=i % self.kv_sharing == 0,
+                    rope=rope,
+                ),
             )
             for i in range(num_layers)
         )
         self.final_norm = nn.LayerNorm(d_model)
         self.out_head = nn.Linear(d_model, vocab_size, bias=False)
 
-    def _kv_role(self, layer: int) -> str | None:
-        if self.kv_sharing == 1:
-            return None
-        return "producer" if layer % self.kv_sharing == 0 else "consumer"
+    def new_caches(self) -> list[Cache]:
+        """One empty cache per block (each block's ``new_cache()``), for
+        :meth:`forward`'s ``kv_caches``; a block that keeps nothing of its own (a
+        KV-sharing consumer) gets the cache of the block below it."""
+        caches: list[Cache] = []
+        for block in self.blocks:
+            cache = cast(TransformerBlock, block).new_cache()
+            if cache is None and not caches:
+                raise ValueError("the first block has no cache of its own to share")
+            caches.append(caches[-1] if cache is None else cache)
+        return caches
 
-    def new_kv_caches(self) -> list[KVCache]:
-        """One empty :class:`attnlib.KVCache` per block, for :meth:`forward`'s ``kv_caches``."""
-        return [KVCache() for _ in self.blocks]
+    def new_kv_caches(self) -> list[Cache]:
+        """:meth:`new_caches`, by its name before attnlib 0.5."""
+        return self.new_caches()
 
     def _num_cached(self, kv_caches: object, num_tokens: int) -> int:
         if kv_caches is None:
             return 0
         if not isinstance(kv_caches, (list, tuple)) or not all(
-            isinstance(c, KVCache) for c in kv_caches
+            isinstance(c, Cache) for c in kv_caches
         ):
             raise TypeError(
-                "kv_caches must be a list of attnlib.KVCache (model.new_kv_caches()), "
+                "kv_caches must be a list of caches, one per block (model.new_caches()), "
                 f"got {type_name(kv_caches)}"
             )
         if len(kv_caches) != self.num_layers:
@@ -414,11 +432,7 @@ class TinyTransformer(nn.Module):
                 f"kv_caches has {len(kv_caches)} caches, but the model has "
                 f"num_layers={self.num_layers}: pass one per block"
             )
-        counts = {
-            c.num_tokens
-            for i, c in enumerate(kv_caches)
-            if self._kv_role(i) != "consumer"  # a consumer's cache stays empty
-        }
+        counts = {c.num_tokens for c in kv_caches}  # a shared cache counts once
         if len(counts) != 1:
             raise ValueError(f"the caches in kv_caches hold different numbers of tokens: {counts}")
         num_cached = counts.pop()
@@ -477,7 +491,7 @@ class TinyTransformer(nn.Module):
         idx: torch.Tensor,
         return_weights: bool = False,
         *,
-        kv_caches: list[KVCache] | None = None,
+        kv_caches: list[Cache] | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """Next-token logits for every position of ``idx``.
 
@@ -488,8 +502,8 @@ class TinyTransformer(nn.Module):
                 computed on :class:`attnlib.MultiHeadAttention`'s readable path
                 (the weights the attention applied). Default ``False``: the
                 fused fast path.
-            kv_caches: keyword-only; one :class:`attnlib.KVCache` per block
-                (:meth:`new_kv_caches`), all holding the same ``num_cached``
+            kv_caches: keyword-only; one cache per block (:meth:`new_caches`),
+                all holding the same ``num_cached``
                 earlier tokens. ``idx`` then holds only the *new* tokens, at
                 positions ``num_cached ..``; their keys and values are appended
                 to the caches. Default None: ``idx`` is the whole sequence.
@@ -504,7 +518,7 @@ class TinyTransformer(nn.Module):
 
         Raises:
             TypeError: ``idx`` is not an int64 tensor, ``return_weights`` is
-                not a bool, or ``kv_caches`` is not a list of ``KVCache``.
+                not a bool, or ``kv_caches`` is not a list of caches.
             ValueError: ``idx`` is not 2-D or is empty, has more than
                 ``context_length`` tokens (cached ones included), holds an id
                 outside the vocabulary, or is on another device than the
@@ -513,21 +527,13 @@ class TinyTransformer(nn.Module):
         """
         self._check_idx(idx)
         check_bool("return_weights", return_weights)
-        if return_weights and self.kv_sharing > 1:
-            raise ValueError("return_weights=True is not supported with kv_sharing > 1")
         num_cached = self._num_cached(kv_caches, idx.shape[1])
         x = self._add_positions(self.tok_emb(idx), num_cached)  # (batch, num_tokens, d_model)
-        caches = kv_caches if kv_caches is not None else [None] * self.num_layers
-        if self.kv_sharing > 1:
-            shared_kv = None
-            for i, (block, cache) in enumerate(zip(self.blocks, caches, strict=True)):
-                assert isinstance(block, TransformerBlock)  # ModuleList items are Modules
-                producer = self._kv_role(i) == "producer"
-                x, kv = block.forward_shared(
-                    x, None if producer else shared_kv, kv_cache=cache if producer else None
-                )
-                shared_kv = kv  # (keys, values): (batch, num_heads, N_kv, head_dim) each
-            return self.out_head(self.final_norm(x))  # (batch, num_tokens, vocab_size)
+        caches: list[Cache] | list[None] = [None] * self.num_layers
+        if kv_caches is not None:
+            caches = kv_caches
+        elif self.kv_sharing > 1:  # the consumers read the producers' caches
+            caches = self.new_caches()
         all_weights = []
         for block, cache in zip(self.blocks, caches, strict=True):
             if return_weights:
@@ -556,8 +562,8 @@ class TinyTransformer(nn.Module):
             idx: the prompt, int64 ``(batch, num_tokens)``.
             max_new_tokens: tokens to add; ``num_tokens + max_new_tokens`` must
                 not exceed ``context_length``.
-            use_cache: keyword-only; decode with one :class:`attnlib.KVCache`
-                per block. Default ``True``.
+            use_cache: keyword-only; decode with one cache per block
+                (:meth:`new_caches`). Default ``True``.
 
         Returns:
             int64 ``(batch, num_tokens + max_new_tokens)``: the prompt followed
@@ -582,9 +588,7 @@ class TinyTransformer(nn.Module):
                 f"num_tokens={idx.shape[1]} + max_new_tokens={max_new_tokens} = {total} "
                 f"exceeds context_length={self.context_length}"
             )
-        if self.attention != "softmax":
-            use_cache = False  # the variants keep no KV cache: recompute the sequence
-        caches = self.new_kv_caches() if use_cache else None
+        caches = self.new_caches() if use_cache else None
         logits = self(idx, kv_caches=caches)  # (batch, num_tokens, vocab_size)
         out = idx
         for step in range(max_new_tokens):

@@ -35,6 +35,7 @@ from ._validation import (
     check_int,
     check_positive_int,
 )
+from .functional import bottom_right_causal_mask
 from .positional import RotaryPositionalEmbedding
 
 __all__ = ["LightningIndexer", "top_k_mask", "sparse_attention"]
@@ -240,13 +241,6 @@ class LightningIndexer(nn.Module):
         )
 
 
-def _causal(num_tokens: int, num_tokens_kv: int, device: torch.device) -> torch.Tensor:
-    """True where query ``t`` (at position ``num_tokens_kv - num_tokens + t``) may see key ``s``."""
-    return torch.ones(num_tokens, num_tokens_kv, dtype=torch.bool, device=device).tril(
-        num_tokens_kv - num_tokens
-    )
-
-
 def top_k_mask(index_scores: torch.Tensor, top_k: int, *, causal: bool = True) -> torch.Tensor:
     """The keys each query keeps: its ``top_k`` highest index scores among those it may see.
 
@@ -280,8 +274,8 @@ def top_k_mask(index_scores: torch.Tensor, top_k: int, *, causal: bool = True) -
     top_k = check_positive_int("top_k", top_k)
     check_bool("causal", causal)
     _, n, n_kv = index_scores.shape
-    visible = (
-        _causal(n, n_kv, index_scores.device)
+    visible = (  # (n, n_kv), True = may be kept; the queries are the last n positions
+        bottom_right_causal_mask(n, n_kv, device=index_scores.device)
         if causal
         else torch.ones(n, n_kv, dtype=torch.bool, device=index_scores.device)
     )

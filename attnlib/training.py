@@ -23,7 +23,8 @@ logits per position; ``num_heads`` heads per layer.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 
 from ._validation import check_bool, check_int, check_positive_int, type_name
 from .data import IGNORE_INDEX
+from .functional import causal_mask
 from .models import TinyTransformer, TransformerBlock
 from .multihead import MultiHeadAttention
 
@@ -120,7 +122,7 @@ def _repeated_queries(inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     """
     num_tokens = inputs.shape[1]
     same = inputs[:, :, None] == inputs[:, None, :]  # (batch, t, s): token s equals token t
-    earlier = torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=inputs.device).tril(-1)
+    earlier = causal_mask(num_tokens, device=inputs.device).tril(-1)  # (t, s): s < t
     match = same & earlier  # (batch, t, s): s < t holds the current token
     after = torch.zeros_like(match)
     after[:, :, 1:] = match[:, :, :-1]  # (batch, t, j): j = s + 1 for such an s
@@ -206,6 +208,42 @@ def prefix_matching_score(attn_weights: torch.Tensor, inputs: torch.Tensor) -> t
     return counted_weights.sum(dim=(0, 2)) / num_counted  # (num_heads,)
 
 
+def _attention(model: TinyTransformer, layer: int, needed_by: str) -> MultiHeadAttention:
+    """Block ``layer``'s attention, checked to be (a subclass of) MultiHeadAttention."""
+    # nn.ModuleList's items are typed nn.Module; TinyTransformer's are TransformerBlocks.
+    attn = cast(TransformerBlock, model.blocks[layer]).attn
+    if not isinstance(attn, MultiHeadAttention):
+        raise ValueError(
+            f"{needed_by} needs blocks of attnlib.MultiHeadAttention (or a subclass); "
+            f"block {layer} has {type_name(attn)}"
+        )
+    return attn
+
+
+@contextmanager
+def _recording_heads(attn: MultiHeadAttention, record: list[torch.Tensor]) -> Iterator[None]:
+    """While open, each call of ``attn`` appends what each head adds to its output.
+
+    A hook on ``out_proj`` reads the merged heads ``(b, num_tokens, num_heads *
+    head_dim)`` and appends ``(b, num_heads, num_tokens, d_out)``: head ``h``'s
+    context vectors times its columns of ``W^O`` (summed over the heads and
+    plus ``out_proj``'s bias, the attention's output).
+    """
+
+    def split(out_proj: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        b, num_tokens, _ = args[0].shape
+        context_vec = args[0].view(b, num_tokens, attn.num_heads, attn.head_dim)
+        w_out = attn.out_proj.weight.view(-1, attn.num_heads, attn.head_dim)
+        # w_out: (d_out, num_heads, head_dim), head h's columns of W^O
+        record.append(torch.einsum("bthd,mhd->bhtm", context_vec, w_out))
+
+    handle = attn.out_proj.register_forward_pre_hook(split)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 @torch.no_grad()
 def _head_outputs(
     model: TinyTransformer, inputs: torch.Tensor, layer: int
@@ -213,33 +251,13 @@ def _head_outputs(
     """What each head of block ``layer`` adds to the residual stream, and its weights.
 
     Returns ``(head_out, attn_weights)``: ``(batch, num_heads, num_tokens,
-    d_model)``, head ``h``'s context vectors times its columns of ``out_proj``
-    (summed over the heads and plus ``out_proj``'s bias, the block's attention
-    output); and ``(batch, num_heads, num_tokens, num_tokens)``.
+    d_model)`` (:func:`_recording_heads`) and ``(batch, num_heads, num_tokens,
+    num_tokens)``, from one forward pass of the model.
     """
-    x = model._add_positions(model.tok_emb(inputs), 0)  # (batch, num_tokens, d_model)
-    for block in model.blocks[:layer]:
-        x = block(x)
-    # nn.ModuleList's items are typed nn.Module; TinyTransformer's are TransformerBlocks.
-    return _head_outputs_from(cast(TransformerBlock, model.blocks[layer]), x)
-
-
-def _head_outputs_from(
-    block: TransformerBlock, x: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`_head_outputs` of ``block`` for the residual stream ``x`` it reads."""
-    attn = cast(MultiHeadAttention, block.attn)  # as the callers checked
-    normed = block.norm_1(x)  # (batch, num_tokens, d_model)
-    _, attn_weights = attn(normed, return_weights=True)  # (b, num_heads, num_tokens, num_tokens)
-    b, num_tokens, _ = normed.shape
-    values = attn.W_value(normed).view(b, num_tokens, attn.num_heads, attn.head_dim)
-    values = values.transpose(1, 2)  # (b, num_heads, num_tokens, head_dim)
-    context_vec = attn_weights @ values  # (b, num_heads, num_tokens, head_dim)
-    w_out = attn.out_proj.weight.view(-1, attn.num_heads, attn.head_dim)
-    # w_out: (d_model, num_heads, head_dim), head h's columns of W^O
-    head_out = torch.einsum("bhtd,mhd->bhtm", context_vec, w_out)
-    # head_out: (b, num_heads, num_tokens, d_model)
-    return head_out, attn_weights
+    record: list[torch.Tensor] = []
+    with _recording_heads(_attention(model, layer, "_head_outputs"), record):
+        _, attn_weights = model(inputs, return_weights=True)
+    return record[0], attn_weights[layer]
 
 
 def copying_score(model: TinyTransformer, inputs: torch.Tensor, layer: int) -> torch.Tensor:
@@ -263,10 +281,9 @@ def copying_score(model: TinyTransformer, inputs: torch.Tensor, layer: int) -> t
     by this path.
 
     Args:
-        model: an :class:`attnlib.models.TinyTransformer` with learned or
-            sinusoidal positions (its blocks use
-            :class:`attnlib.MultiHeadAttention`). Run in ``eval()`` mode and
-            left in the mode it was in.
+        model: an :class:`attnlib.models.TinyTransformer` whose block
+            ``layer`` uses :class:`attnlib.MultiHeadAttention` or a subclass of
+            it. Run in ``eval()`` mode and left in the mode it was in.
         inputs: token ids, int64 ``(batch, num_tokens)``, in which some token
             occurs twice in a sequence.
         layer: the block whose heads are scored, ``0 .. num_layers - 1``.
@@ -277,9 +294,9 @@ def copying_score(model: TinyTransformer, inputs: torch.Tensor, layer: int) -> t
     Raises:
         TypeError: ``model`` is not a ``TinyTransformer``, ``inputs`` is not
             an int64 tensor, or ``layer`` is not an int.
-        ValueError: ``layer`` is out of range, the model uses RoPE, ``inputs``
-            is not accepted by the model's ``forward``, or no token of
-            ``inputs`` occurs twice.
+        ValueError: ``layer`` is out of range, its attention is not a
+            ``MultiHeadAttention``, ``inputs`` is not accepted by the model's
+            ``forward``, or no token of ``inputs`` occurs twice.
 
     Source: Olsson et al. (2022), "In-context Learning and Induction Heads",
     "Key Concepts": an induction head does prefix matching and *copying*
@@ -296,22 +313,17 @@ def copying_score(model: TinyTransformer, inputs: torch.Tensor, layer: int) -> t
         raise ValueError(
             f"layer must lie in 0 .. num_layers - 1 = {model.num_layers - 1}, got layer={layer}"
         )
-    if not isinstance(model.blocks[layer].attn, MultiHeadAttention):
-        raise ValueError(
-            f"copying_score needs blocks of attnlib.MultiHeadAttention; this model uses "
-            f"positional={model.positional!r}"
-        )
-    model._check_idx(inputs)
-    _, counted = _repeated_queries(inputs)  # (batch, num_tokens)
+    _attention(model, layer, "copying_score")
     was_training = model.training
     model.eval()
     try:
-        head_out, attn_weights = _head_outputs(model, inputs, layer)
+        head_out, attn_weights = _head_outputs(model, inputs, layer)  # checks inputs
         centred = head_out - head_out.mean(dim=-1, keepdim=True)  # (b, heads, tokens, d_model)
         direct = (centred * model.final_norm.weight) @ model.out_head.weight.T
         # direct: (b, num_heads, num_tokens, vocab_size), up to the positive 1 / sigma
     finally:
         model.train(was_training)
+    _, counted = _repeated_queries(inputs)  # (batch, num_tokens)
     attended = attn_weights.argmax(dim=-1)  # (b, num_heads, num_tokens): the key j
     attended_token = torch.gather(
         inputs[:, None, :].expand_as(attended), 2, attended
@@ -361,12 +373,16 @@ def ablate_head_into(
 
     The head is removed by subtracting its output (zero ablation) from the
     direct path only: when blocks lie between the two layers, what they made
-    of ``o_h`` stays.
+    of ``o_h`` stays. Everything runs in the model's own forward pass (with
+    ``return_weights=True``): hooks read ``o_h`` where the source layer's
+    ``out_proj`` reads its heads, and replace the output of the target
+    layer's cut projections (``W_query``, ``W_key``, ``W_value``).
 
     Args:
-        model: an :class:`attnlib.models.TinyTransformer` with learned or
-            sinusoidal positions (blocks of :class:`attnlib.MultiHeadAttention`).
-            Run in ``eval()`` mode and left in the mode it was in.
+        model: an :class:`attnlib.models.TinyTransformer` whose blocks use
+            :class:`attnlib.MultiHeadAttention` or a subclass of it (not the
+            variants of :mod:`attnlib.variants`, nor KV sharing). Run in
+            ``eval()`` mode and left in the mode it was in.
         inputs: token ids, int64 ``(batch, num_tokens)``.
         source_layer: the block of the removed head, ``0 .. num_layers - 2``.
         source_head: the head, ``0 .. num_heads - 1``, or a tuple of heads of
@@ -390,9 +406,10 @@ def ablate_head_into(
             or ``return_weights`` is not a bool.
         ValueError: a layer or head is out of range, ``target_layer`` is not
             after ``source_layer``, ``into`` names something other than
-            ``"queries"``, ``"keys"`` or ``"values"``, the model's blocks are
-            not ``MultiHeadAttention`` (RoPE, attention variants, KV sharing),
-            or ``inputs`` is not accepted by the model's ``forward``.
+            ``"queries"``, ``"keys"`` or ``"values"``, the two blocks' attention
+            is not a ``MultiHeadAttention``, the model shares keys and values
+            between blocks, or ``inputs`` is not accepted by the model's
+            ``forward``.
 
     Source: Elhage et al. (2021), "A Mathematical Framework for Transformer
     Circuits", section "Two-Layer Attention-Only Transformers": Q-, K- and
@@ -420,57 +437,43 @@ def ablate_head_into(
             f"into may only name {ABLATION_TARGETS}, got {sorted(cut - set(ABLATION_TARGETS))}"
         )
     check_bool("return_weights", return_weights)
-    blocks = [cast(TransformerBlock, block) for block in model.blocks]
-    if getattr(model, "kv_sharing", 1) > 1 or not all(
-        type(block.attn) is MultiHeadAttention for block in blocks
-    ):
-        raise ValueError(
-            "ablate_head_into needs blocks of attnlib.MultiHeadAttention (learned or "
-            f"sinusoidal positions, softmax attention, no KV sharing); got {model.extra_repr()}"
-        )
-    heads = _check_heads(source_head, cast(MultiHeadAttention, blocks[0].attn).num_heads)
-    model._check_idx(inputs)
+    if model.kv_sharing > 1:
+        raise ValueError("ablate_head_into needs kv_sharing=1 (every block its own keys)")
+    source_attn = _attention(model, source_layer, "ablate_head_into")
+    target_attn = _attention(model, target_layer, "ablate_head_into")
+    heads = _check_heads(source_head, source_attn.num_heads)
+    target = cast(TransformerBlock, model.blocks[target_layer])
+    head_outputs: list[torch.Tensor] = []  # (b, num_heads, num_tokens, d_model)
+    stream: list[torch.Tensor] = []  # the target block's input x: (b, num_tokens, d_model)
+    ran: list[str] = []  # the cut projections, as they run
+
+    def read_without_head(name: str) -> Callable[..., torch.Tensor]:
+        def hook(proj: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor
+                 ) -> torch.Tensor:
+            ran.append(name)
+            removed = head_outputs[-1][:, heads].sum(dim=1)  # (b, num_tokens, d_model)
+            cut_out: torch.Tensor = proj.forward(target.norm_1(stream[-1] - removed))
+            return cut_out  # (b, num_tokens, d_out); .forward, not proj(): no hook again
+        return hook
+
+    projections = dict(zip(ABLATION_TARGETS, ("W_query", "W_key", "W_value"), strict=True))
+    handles = [target.register_forward_pre_hook(lambda _, args: stream.append(args[0]))]
+    handles += [getattr(target_attn, projections[name]).register_forward_hook(
+        read_without_head(name)) for name in sorted(cut)]
     was_training = model.training
     model.eval()
-    try:
-        x = model._add_positions(model.tok_emb(inputs), 0)  # (batch, num_tokens, d_model)
-        removed = torch.zeros_like(x)
-        target_weights = torch.empty(0)  # set at target_layer
-        for layer, block in enumerate(blocks):
-            if layer == source_layer:
-                head_out, _ = _head_outputs_from(block, x)  # (b, num_heads, num_tokens, d_model)
-                removed = head_out[:, heads].sum(dim=1)  # (b, num_tokens, d_model)
-            if layer != target_layer:
-                x = block(x)
-                continue
-            attn = cast(MultiHeadAttention, block.attn)
-            normed = block.norm_1(x)  # (b, num_tokens, d_model)
-            normed_cut = block.norm_1(x - removed)  # the stream without the head
-            b, num_tokens, _ = x.shape
-            projected = []
-            projections = (attn.W_query, attn.W_key, attn.W_value)
-            for name, proj in zip(ABLATION_TARGETS, projections, strict=True):
-                p = proj(normed_cut if name in cut else normed)  # (b, num_tokens, d_out)
-                p = p.view(b, num_tokens, attn.num_heads, attn.head_dim).transpose(1, 2)
-                projected.append(p)  # (b, num_heads, num_tokens, head_dim)
-            queries, keys, values = projected
-            attn_scores = queries @ keys.transpose(2, 3)  # (b, num_heads, num_tokens, num_tokens)
-            allowed = torch.ones(  # True = may attend: the causal mask
-                num_tokens, num_tokens, dtype=torch.bool, device=x.device
-            ).tril()
-            attn_scores = attn_scores.masked_fill(~allowed, float("-inf"))
-            attn_weights = torch.softmax(attn_scores / attn.head_dim**0.5, dim=-1)
-            context_vec = (attn_weights @ values).transpose(1, 2)  # (b, num_tokens, heads, hd)
-            context_vec = context_vec.reshape(b, num_tokens, attn.num_heads * attn.head_dim)
-            x = x + attn.out_proj(context_vec)  # (b, num_tokens, d_model)
-            if block.mlp is not None and block.norm_2 is not None:
-                x = x + block.mlp(block.norm_2(x))  # (b, num_tokens, d_model)
-            target_weights = attn_weights
-        logits = model.out_head(model.final_norm(x))  # (b, num_tokens, vocab_size)
+    try:  # the readable path (return_weights=True) runs each projection as a module
+        with _recording_heads(source_attn, head_outputs):
+            logits, weights = model(inputs, return_weights=True)
     finally:
         model.train(was_training)
+        for handle in handles:
+            handle.remove()
+    if sorted(ran) != sorted(cut):
+        raise RuntimeError(f"{type_name(target_attn)}'s forward did not call its projections "
+                           f"{sorted(cut)} as modules, so they could not be cut")
     if return_weights:
-        return logits, target_weights
+        return logits, weights[target_layer]
     return logits
 
 

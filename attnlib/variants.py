@@ -1,24 +1,33 @@
 """Chapter 13's attention variants as parts of :class:`attnlib.TinyTransformer`, and what
 each keeps per sequence.
 
-:class:`VariantAttention` puts causal token mixing of another kind in the place of a
-block's softmax attention (linear attention, Gated DeltaNet, multi-head latent
-attention, top-k sparse attention; :data:`ATTENTION_CHOICES`), and
+A block's token mixing is chosen by passing a *factory*: a callable
+``factory(d_model, context_length, num_heads)`` that returns the attention module
+(:data:`AttentionFactory`). :class:`LinearAttention` and :class:`TopKAttention` are
+such classes themselves; :func:`latent_attention_layer` and
+:func:`gated_deltanet_layer` build :class:`attnlib.latent.MultiHeadLatentAttention` and
+:class:`attnlib.linear_attention.GatedDeltaNet` at a block's sizes.
 :class:`SharedKVAttention` lets a block reuse the keys and values of the block below
-it (cross-layer KV sharing). The functions at the end count what a decoder keeps per
-sequence with each: a KV cache that grows with the tokens, a latent cache, or a
-recurrent state of fixed size (:func:`cache_bytes`).
+it (cross-layer KV sharing). Every one has the interface of attnlib's attention
+layers, ``forward(x, return_weights=False, *, kv_cache=None)`` and ``new_cache()``
+(a :class:`attnlib.kv_cache.Cache`), so a model decodes with each one's own cache.
+The functions at the end count what a decoder keeps per sequence with each: a KV
+cache that grows with the tokens, a latent cache, or a recurrent state of fixed
+size (:func:`cache_bytes`).
 
 Shapes as in :mod:`attnlib.models`: ``(batch, num_tokens, d_model)``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ._validation import check_bool, check_positive_int, type_name
+from .functional import bottom_right_causal_mask
 from .kv_cache import KVCache
 from .latent import MultiHeadLatentAttention
 from .linear_attention import GatedDeltaNet, linear_attention
@@ -28,8 +37,11 @@ from .positional import (
 from .sparse import top_k_mask
 
 __all__ = [
-    "ATTENTION_CHOICES",
-    "VariantAttention",
+    "AttentionFactory",
+    "LinearAttention",
+    "TopKAttention",
+    "latent_attention_layer",
+    "gated_deltanet_layer",
     "SharedKVAttention",
     "softmax_cache_numbers",
     "latent_cache_numbers",
@@ -37,137 +49,202 @@ __all__ = [
     "cache_bytes",
 ]
 
-#: The values :class:`~attnlib.models.TinyTransformer` accepts for ``attention``.
-ATTENTION_CHOICES = ("softmax", "linear", "gated_deltanet", "mla", "sparse")
+#: What :class:`~attnlib.models.TinyTransformer` and
+#: :class:`~attnlib.models.TransformerBlock` take as ``attention``: called as
+#: ``factory(d_model, context_length, num_heads)``, it returns a module with
+#: ``forward(x, return_weights=False, *, kv_cache=None)`` and ``new_cache()``.
+AttentionFactory = Callable[[int, int, int], nn.Module]
 
 
-class VariantAttention(nn.Module):
-    """Causal token mixing of another kind, in the place of a block's softmax attention.
+def _check_sizes(d_model: int, context_length: int, num_heads: int) -> None:
+    check_positive_int("d_model", d_model)
+    check_positive_int("context_length", context_length)
+    check_positive_int("num_heads", num_heads)
+    if d_model % num_heads != 0:
+        raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
 
-    One adapter with the interface :class:`~attnlib.models.TransformerBlock` expects of its
-    attention (``forward(x, kv_cache=None)``, ``(batch, num_tokens, d_model)``
-    in and out), for chapter 13's comparison of what each kind can learn:
 
-    * ``"linear"``: causal linear attention with ``phi(x) = elu(x) + 1``
-      (:func:`attnlib.linear_attention.linear_attention`), ``num_heads`` heads
-      of ``d_model // num_heads``, query/key/value/output projections as in
-      multi-head attention.
-    * ``"gated_deltanet"``: :class:`attnlib.linear_attention.GatedDeltaNet`
-      with ``num_heads`` heads of ``d_model // num_heads`` (short convolution
-      of 4, L2-normalised queries and keys, output gate).
-    * ``"mla"``: :class:`attnlib.latent.MultiHeadLatentAttention`, with a
-      latent of ``kv_lora_rank = d_model // 2``, ``qk_nope_head_dim =
-      v_head_dim = d_model // num_heads`` and a decoupled RoPE part of
-      ``qk_rope_head_dim = 2 * max(1, head_dim // 4)``; full-rank queries.
-    * ``"sparse"``: softmax attention in which each query keeps only its
-      ``top_k`` highest-scoring visible keys (:func:`attnlib.sparse.top_k_mask`;
-      computed as masked attention, which equals
-      :func:`attnlib.sparse.sparse_attention`). The index is the heads'
-      mean score ``q . k / sqrt(head_dim)`` itself, detached: DeepSeek's
-      separate lightning indexer, trained by distillation, is left out.
+class _ProjectedHeads(nn.Module):
+    """Query/key/value/output projections as in multi-head attention around a causal
+    token mixing of ``(batch, num_heads, num_tokens, head_dim)`` heads (:meth:`mix`),
+    with a :class:`attnlib.KVCache` of keys and values."""
 
-    Args:
-        kind: one of ``"linear"``, ``"gated_deltanet"``, ``"mla"``, ``"sparse"``.
-        d_model: input and output size.
-        context_length: the most tokens.
-        num_heads: heads; must divide ``d_model``.
-        top_k: keyword-only; keys per query for ``"sparse"``. Default 4.
-
-    Shape:
-        - Input ``x``: ``(batch, num_tokens, d_model)``; output the same shape.
-
-    Raises:
-        TypeError: ``kind`` is not a str or a size not an int.
-        ValueError: ``kind`` is not one of the four, a size is not positive,
-            or ``d_model`` is not divisible by ``num_heads``.
-
-    Source: Katharopoulos et al. (2020), "Transformers are RNNs", eq. (4)-(7)
-    (``"linear"``); Yang et al. (2024), "Gated Delta Networks", section 3.4
-    (``"gated_deltanet"``); DeepSeek-AI (2024), "DeepSeek-V2", section 2.1
-    (``"mla"``); DeepSeek-AI (2025), "DeepSeek-V3.2-Exp", section 2.1
-    (top-k selection, ``"sparse"``).
-    """
-
-    def __init__(
-        self, kind: str, d_model: int, context_length: int, num_heads: int, *, top_k: int = 4
-    ) -> None:
-        if not isinstance(kind, str):
-            raise TypeError(f"kind must be a str, got {type_name(kind)}")
-        if kind not in ATTENTION_CHOICES[1:]:
-            raise ValueError(f"kind must be one of {ATTENTION_CHOICES[1:]}, got kind={kind!r}")
-        check_positive_int("d_model", d_model)
-        check_positive_int("context_length", context_length)
-        check_positive_int("num_heads", num_heads)
-        check_positive_int("top_k", top_k)
-        if d_model % num_heads != 0:
-            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+    def __init__(self, d_model: int, context_length: int, num_heads: int) -> None:
+        _check_sizes(d_model, context_length, num_heads)
         super().__init__()
-        self.kind, self.d_model, self.num_heads = kind, d_model, num_heads
+        self.d_model, self.context_length, self.num_heads = d_model, context_length, num_heads
         self.head_dim = d_model // num_heads
-        self.top_k = int(top_k)
-        self.mixer: nn.Module | None = None
-        if kind == "gated_deltanet":
-            self.mixer = GatedDeltaNet(d_model, num_heads, self.head_dim)
-        elif kind == "mla":
-            self.mixer = MultiHeadLatentAttention(
-                d_model, context_length, num_heads, kv_lora_rank=max(1, d_model // 2),
-                qk_nope_head_dim=self.head_dim, qk_rope_head_dim=2 * max(1, self.head_dim // 4),
-                v_head_dim=self.head_dim,
-            )
-        else:
-            self.W_query = nn.Linear(d_model, d_model, bias=False)
-            self.W_key = nn.Linear(d_model, d_model, bias=False)
-            self.W_value = nn.Linear(d_model, d_model, bias=False)
-            self.out_proj = nn.Linear(d_model, d_model)
+        self.W_query = nn.Linear(d_model, d_model, bias=False)
+        self.W_key = nn.Linear(d_model, d_model, bias=False)
+        self.W_value = nn.Linear(d_model, d_model, bias=False)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def new_cache(self) -> KVCache:
+        """An empty :class:`attnlib.KVCache` for ``forward``'s ``kv_cache``."""
+        return KVCache()
+
+    def mix(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
+            ) -> torch.Tensor:
+        raise NotImplementedError
 
     def forward(
-        self, x: torch.Tensor, return_weights: bool = False, *, kv_cache: object = None
+        self, x: torch.Tensor, return_weights: bool = False, *, kv_cache: KVCache | None = None
     ) -> torch.Tensor:
         """Mix the tokens of ``x`` causally: ``(batch, num_tokens, d_model)`` in and out.
 
+        With ``kv_cache`` (:meth:`new_cache`), ``x`` holds only the new tokens:
+        their keys and values are appended, and their queries see every cached token.
+
         Raises:
-            ValueError: ``return_weights`` is True or a ``kv_cache`` is given
-                (neither is supported here: run the whole sequence).
+            TypeError: ``return_weights`` is not a bool or ``kv_cache`` not a KVCache.
+            ValueError: ``return_weights`` is True (no weights are returned).
         """
-        if return_weights or kv_cache is not None:
-            raise ValueError(
-                f"attention={self.kind!r} supports neither return_weights nor a KV cache; "
-                "run the whole sequence (model.generate(..., use_cache=False))"
-            )
-        if self.mixer is not None:
-            return self.mixer(x)  # (b, n, d_model)
+        if check_bool("return_weights", return_weights):
+            raise ValueError(f"{type_name(self)} does not return attention weights: "
+                             "return_weights=False")
+        if kv_cache is not None and not isinstance(kv_cache, KVCache):
+            raise TypeError(f"kv_cache must be an attnlib.KVCache, got {type_name(kv_cache)}")
         b, n, _ = x.shape
         h, d = self.num_heads, self.head_dim
         queries = self.W_query(x).view(b, n, h, d).transpose(1, 2)  # (b, h, n, d)
         keys = self.W_key(x).view(b, n, h, d).transpose(1, 2)  # (b, h, n, d)
         values = self.W_value(x).view(b, n, h, d).transpose(1, 2)  # (b, h, n, d)
-        if self.kind == "linear":
-            context_vec = linear_attention(queries, keys, values)  # (b, h, n, d)
-        else:
-            with torch.no_grad():
-                index_scores = (queries @ keys.transpose(-2, -1)).mean(1) * d**-0.5
-                # index_scores: (b, n, n), the heads' mean score
-            kept = top_k_mask(index_scores, self.top_k)  # (b, n, n), True = attend
-            # Full attention with the other keys masked: equal to attnlib.sparse's
-            # sparse_attention (which gathers the kept keys), and cheaper at this size.
-            context_vec = F.scaled_dot_product_attention(
-                queries, keys, values, attn_mask=kept[:, None]
-            )  # (b, h, n, d)
+        if kv_cache is not None:
+            keys, values = kv_cache.update(keys, values)  # (b, h, num_tokens_kv, d)
+        context_vec = self.mix(queries, keys, values)  # (b, h, n, d)
         context_vec = context_vec.transpose(1, 2).reshape(b, n, self.d_model)  # (b, n, d_model)
         return self.out_proj(context_vec)
 
     def extra_repr(self) -> str:
-        extra = f", top_k={self.top_k}" if self.kind == "sparse" else ""
-        return f"kind={self.kind!r}, d_model={self.d_model}, num_heads={self.num_heads}{extra}"
+        return f"d_model={self.d_model}, num_heads={self.num_heads}"
+
+
+class LinearAttention(_ProjectedHeads):
+    """Causal linear attention with ``phi(x) = elu(x) + 1`` in the place of a softmax block.
+
+    ``num_heads`` heads of ``d_model // num_heads``, with query/key/value/output
+    projections as in multi-head attention, mixed by
+    :func:`attnlib.linear_attention.linear_attention` (parallel form). Its
+    cache (:meth:`new_cache`) is a :class:`attnlib.KVCache`: decoding runs the
+    parallel form of the new queries against every cached key (a recurrent
+    state of fixed size is :class:`~attnlib.linear_attention.GatedDeltaNet`'s).
+
+    Args:
+        d_model: input and output size.
+        context_length: the most tokens.
+        num_heads: heads; must divide ``d_model``.
+
+    Shape:
+        - Input ``x``: ``(batch, num_tokens, d_model)``; output the same shape.
+
+    Raises:
+        TypeError: a size is not an int.
+        ValueError: a size is not positive, or ``d_model`` is not divisible by
+            ``num_heads``.
+
+    Source: Katharopoulos et al. (2020), "Transformers are RNNs", eq. (4)-(7).
+    """
+
+    def mix(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
+            ) -> torch.Tensor:
+        """Linear attention of ``(b, h, n, d)`` queries to ``(b, h, n_kv, d)`` keys."""
+        return linear_attention(queries, keys, values)  # (b, h, n, d)
+
+
+class TopKAttention(_ProjectedHeads):
+    """Softmax attention in which each query keeps only its ``top_k`` highest-scoring keys.
+
+    Multi-head attention whose queries attend only to the ``top_k`` visible keys
+    of highest index score (:func:`attnlib.sparse.top_k_mask`; computed as
+    masked attention, which equals :func:`attnlib.sparse.sparse_attention`).
+    The index is the heads' mean score ``q . k / sqrt(head_dim)`` itself,
+    detached: DeepSeek's separate lightning indexer, trained by distillation,
+    is left out.
+
+    Args:
+        d_model, context_length, num_heads: as :class:`LinearAttention`.
+        top_k: keyword-only; keys per query. Default 4.
+
+    Raises:
+        TypeError, ValueError: as :class:`LinearAttention`; ``top_k`` is not a
+            positive int.
+
+    Source: DeepSeek-AI (2025), "DeepSeek-V3.2-Exp", section 2.1 (top-k selection).
+    """
+
+    def __init__(
+        self, d_model: int, context_length: int, num_heads: int, *, top_k: int = 4
+    ) -> None:
+        check_positive_int("top_k", top_k)
+        super().__init__(d_model, context_length, num_heads)
+        self.top_k = int(top_k)
+
+    def mix(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
+            ) -> torch.Tensor:
+        """Top-k attention of ``(b, h, n, d)`` queries to ``(b, h, n_kv, d)`` keys."""
+        with torch.no_grad():
+            index_scores = (queries @ keys.transpose(-2, -1)).mean(1) * self.head_dim**-0.5
+            # index_scores: (b, n, n_kv), the heads' mean score
+        kept = top_k_mask(index_scores, self.top_k)  # (b, n, n_kv), True = attend
+        # Full attention with the other keys masked: equal to attnlib.sparse's
+        # sparse_attention (which gathers the kept keys), and cheaper at this size.
+        return F.scaled_dot_product_attention(queries, keys, values, attn_mask=kept[:, None])
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, top_k={self.top_k}"
+
+
+def latent_attention_layer(
+    d_model: int, context_length: int, num_heads: int
+) -> MultiHeadLatentAttention:
+    """Multi-head latent attention at a block's sizes (an :data:`AttentionFactory`).
+
+    A latent of ``kv_lora_rank = d_model // 2``, ``qk_nope_head_dim =
+    v_head_dim = d_model // num_heads`` and a decoupled RoPE part of
+    ``qk_rope_head_dim = 2 * max(1, head_dim // 4)``; full-rank queries.
+
+    Raises:
+        TypeError, ValueError: a size is not a positive int, or ``d_model`` is
+            not divisible by ``num_heads``.
+
+    Source: DeepSeek-AI (2024), "DeepSeek-V2", section 2.1.
+    """
+    _check_sizes(d_model, context_length, num_heads)
+    head_dim = d_model // num_heads
+    return MultiHeadLatentAttention(
+        d_model, context_length, num_heads, kv_lora_rank=max(1, d_model // 2),
+        qk_nope_head_dim=head_dim, qk_rope_head_dim=2 * max(1, head_dim // 4),
+        v_head_dim=head_dim,
+    )
+
+
+def gated_deltanet_layer(d_model: int, context_length: int, num_heads: int) -> GatedDeltaNet:
+    """Gated DeltaNet at a block's sizes (an :data:`AttentionFactory`).
+
+    ``num_heads`` heads of ``d_model // num_heads`` (short convolution of 4,
+    L2-normalised queries and keys, output gate); ``context_length`` is only
+    checked: the layer's state does not grow.
+
+    Raises:
+        TypeError, ValueError: a size is not a positive int, or ``d_model`` is
+            not divisible by ``num_heads``.
+
+    Source: Yang et al. (2024), "Gated Delta Networks", section 3.4.
+    """
+    _check_sizes(d_model, context_length, num_heads)
+    return GatedDeltaNet(d_model, num_heads, d_model // num_heads)
 
 
 class SharedKVAttention(nn.Module):
     """Causal multi-head attention that can lend its keys and values to later layers.
 
-    A *producer* (``makes_kv=True``) projects queries, keys and values, and
-    returns its (rotated) keys and values with its output; a *consumer*
-    (``makes_kv=False``) projects only queries and attends to the keys and
-    values a producer lent it. A KV cache is then needed only for producers.
+    A *producer* (``makes_kv=True``) projects queries, keys and values and
+    appends the (rotated) keys and values to its :class:`attnlib.KVCache`; a
+    *consumer* (``makes_kv=False``) projects only queries and attends to the
+    keys and values in the producer's cache, passed to it as its own
+    ``kv_cache``. A consumer's :meth:`new_cache` is None: it keeps nothing, and
+    a model hands it the cache of the layer below
+    (:meth:`attnlib.TinyTransformer.new_caches`).
 
     Args:
         d_model: input and output size.
@@ -194,13 +271,9 @@ class SharedKVAttention(nn.Module):
         makes_kv: bool = True,
         rope: bool = False,
     ) -> None:
-        check_positive_int("d_model", d_model)
-        check_positive_int("context_length", context_length)
-        check_positive_int("num_heads", num_heads)
+        _check_sizes(d_model, context_length, num_heads)
         check_bool("makes_kv", makes_kv)
         check_bool("rope", rope)
-        if d_model % num_heads != 0:
-            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
         super().__init__()
         self.d_model, self.num_heads = d_model, num_heads
         self.head_dim = d_model // num_heads
@@ -213,39 +286,39 @@ class SharedKVAttention(nn.Module):
             RotaryPositionalEmbedding(self.head_dim, context_length) if rope else None
         )
 
+    def new_cache(self) -> KVCache | None:
+        """A producer's empty :class:`attnlib.KVCache`; None for a consumer (it reads
+        the producer's)."""
+        return KVCache() if self.makes_kv else None
+
     def forward(
-        self,
-        x: torch.Tensor,
-        shared_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
-        *,
-        kv_cache: KVCache | None = None,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """Attention of ``x``'s queries to this layer's or the lent keys and values.
+        self, x: torch.Tensor, return_weights: bool = False, *, kv_cache: KVCache | None = None
+    ) -> torch.Tensor:
+        """Attention of ``x``'s queries to this layer's or the producer's keys and values.
 
         Args:
             x: ``(batch, num_tokens, d_model)``; with a cache, only new tokens.
-            shared_kv: the producer's ``(keys, values)``, each ``(batch,
-                num_heads, num_tokens_kv, head_dim)``; required for a consumer,
-                refused for a producer.
-            kv_cache: keyword-only; a producer's :class:`attnlib.KVCache`.
+            return_weights: must be ``False`` (no weights are returned).
+            kv_cache: keyword-only; a producer's own :class:`attnlib.KVCache`
+                (optional), which it appends to; for a consumer, the producer's
+                cache after the producer ran on the same tokens (required).
 
         Returns:
-            ``(context_vec, (keys, values))``: ``(batch, num_tokens, d_model)``
-            and the keys and values used (all cached tokens included).
+            ``context_vec``: ``(batch, num_tokens, d_model)``.
 
         Raises:
-            ValueError: a consumer without ``shared_kv``, or a producer with it.
+            TypeError: ``return_weights`` is not a bool or ``kv_cache`` is not a KVCache.
+            ValueError: ``return_weights`` is True, or a consumer gets no cache
+                or one holding fewer tokens than ``x``.
         """
+        if check_bool("return_weights", return_weights):
+            raise ValueError("SharedKVAttention does not return attention weights: "
+                             "return_weights=False")
+        if kv_cache is not None and not isinstance(kv_cache, KVCache):
+            raise TypeError(f"kv_cache must be an attnlib.KVCache, got {type_name(kv_cache)}")
         b, n, _ = x.shape
         h, d = self.num_heads, self.head_dim
-        if self.makes_kv == (shared_kv is not None):
-            raise ValueError(
-                "a producer layer (makes_kv=True) computes its own keys and values and "
-                "takes no shared_kv; a consumer layer needs the producer's shared_kv"
-            )
-        num_cached = 0
-        if shared_kv is None:
-            assert self.W_key is not None and self.W_value is not None
+        if self.W_key is not None and self.W_value is not None:  # a producer
             num_cached = 0 if kv_cache is None else kv_cache.num_tokens
             keys = self.W_key(x).view(b, n, h, d).transpose(1, 2)  # (b, h, n, d)
             values = self.W_value(x).view(b, n, h, d).transpose(1, 2)  # (b, h, n, d)
@@ -253,18 +326,23 @@ class SharedKVAttention(nn.Module):
                 keys = self.rope(keys, offset=num_cached)
             if kv_cache is not None:
                 keys, values = kv_cache.update(keys, values)  # (b, h, num_tokens_kv, d)
+        elif kv_cache is None or kv_cache.keys is None or kv_cache.values is None or (
+                kv_cache.num_tokens < n):
+            raise ValueError(
+                "a consumer layer (makes_kv=False) reads the keys and values of its "
+                "producer: pass the producer's kv_cache after the producer ran on x"
+            )
         else:
-            keys, values = shared_kv
-            num_cached = keys.shape[2] - n
+            keys, values = kv_cache.keys, kv_cache.values  # (b, h, num_tokens_kv, d)
+        num_tokens_kv = keys.shape[2]
         queries = self.W_query(x).view(b, n, h, d).transpose(1, 2)  # (b, h, n, d)
         if self.rope is not None:
-            queries = self.rope(queries, offset=num_cached)
-        allowed = torch.ones(n, keys.shape[2], dtype=torch.bool, device=x.device).tril(
-            num_cached
-        )  # True = may attend; new queries are the bottom rows
+            queries = self.rope(queries, offset=num_tokens_kv - n)
+        allowed = bottom_right_causal_mask(n, num_tokens_kv, device=x.device)
+        # allowed: (n, num_tokens_kv), True = may attend; new queries are the bottom rows
         context_vec = F.scaled_dot_product_attention(queries, keys, values, attn_mask=allowed)
         context_vec = context_vec.transpose(1, 2).reshape(b, n, self.d_model)  # (b, n, d_model)
-        return self.out_proj(context_vec), (keys, values)
+        return self.out_proj(context_vec)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, num_heads={self.num_heads}, makes_kv={self.makes_kv}"

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 import transformers  # a pinned test dependency: no importorskip
 
+import attnlib.kv_cache
 from attnlib.linear_attention import (
     GatedDeltaNet,
     RecurrentState,
@@ -106,8 +107,8 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="key must have shape"):
         delta_rule_step(torch.zeros(1, 1, 4, 3), torch.zeros(1, 1, 4), torch.zeros(1, 1, 5),
                         torch.zeros(1, 1, 3), torch.ones(1, 1))
-    with pytest.raises(TypeError, match="state must be an attnlib.RecurrentState"):
-        GatedDeltaNet(8, 2, 4)(torch.randn(1, 3, 8), state={})
+    with pytest.raises(TypeError, match="kv_cache must be an attnlib.RecurrentState"):
+        GatedDeltaNet(8, 2, 4)(torch.randn(1, 3, 8), kv_cache={})
 
 
 def test_gated_deltanet_state_is_constant_and_decoding_equals_full_forward():
@@ -115,14 +116,21 @@ def test_gated_deltanet_state_is_constant_and_decoding_equals_full_forward():
     layer = GatedDeltaNet(16, 2, 4, head_dim_v=6, chunk_size=4).double()
     x = torch.randn(2, 11, 16, dtype=torch.float64)
     full = layer(x)
-    state = RecurrentState()
-    parts = [layer(x[:, :5], state=state)]
+    state = layer.new_cache()
+    parts = [layer(x[:, :5], kv_cache=state)]
     size_after_prompt = state.memory_bytes()
     for t in range(5, 11):
-        parts.append(layer(x[:, t : t + 1], state=state))
+        parts.append(layer(x[:, t : t + 1], kv_cache=state))
     torch.testing.assert_close(torch.cat(parts, 1), full, rtol=0, atol=1e-12)
     assert state.memory_bytes() == size_after_prompt == 2 * layer.state_numbers * 8
-    assert state.num_tokens == 11
+    assert state.num_tokens == len(state) == 11
+    assert isinstance(state, RecurrentState) and isinstance(state, attnlib.kv_cache.Cache)
+    state.reset()
+    assert (state.num_tokens, state.memory_bytes(), repr(state)) == (0, 0, "RecurrentState(empty)")
+    with pytest.raises(ValueError, match="conv_size=3, the layer 4"):
+        layer(x, kv_cache=RecurrentState(3))
+    with pytest.raises(ValueError, match="return_weights=False"):
+        layer(x, True)
 
 
 # ---------------------------------------------------------------------------
@@ -193,12 +201,12 @@ def test_equals_transformers_qwen3_next(dtype, heads, atol):
 
     # Cached decoding on both sides: a prompt of 6 tokens, then one at a time.
     model_cache = transformers.DynamicCache(config=config)
-    state = RecurrentState()
+    state = layer.new_cache()
     hf_parts, parts = [], []
     with torch.no_grad():
         for start, stop in [(0, 6), (6, 7), (7, 8), (8, 9), (9, 10)]:
             hf_parts.append(hf(x[:, start:stop], cache=model_cache))
-            parts.append(layer(x[:, start:stop], state=state))
+            parts.append(layer(x[:, start:stop], kv_cache=state))
     torch.testing.assert_close(torch.cat(hf_parts, 1), expected, rtol=0, atol=atol)
     torch.testing.assert_close(torch.cat(parts, 1), expected, rtol=0, atol=atol)
     assert state.state.shape == (2, heads[1], 4, 6)  # one state per value head

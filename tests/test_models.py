@@ -6,7 +6,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attnlib
+from attnlib.kv_cache import Cache
 from attnlib.models import TinyTransformer, TransformerBlock
+from attnlib.variants import (
+    LinearAttention,
+    SharedKVAttention,
+    TopKAttention,
+    gated_deltanet_layer,
+    latent_attention_layer,
+)
 
 SMALL = settings(max_examples=20, deadline=None)
 
@@ -259,7 +267,7 @@ def test_generate_with_and_without_cache_agree(d_ff, positional):
         (lambda m: m.generate(tokens(1, 5), 0), ValueError, "max_new_tokens"),
         (lambda m: m.generate(tokens(1, 5), 2, use_cache=None), TypeError, "use_cache"),
         (lambda m: m(tokens(1, 3), kv_caches=attnlib.KVCache()), TypeError,
-         "kv_caches must be a list of attnlib.KVCache"),
+         "kv_caches must be a list of caches"),
         (lambda m: m(tokens(1, 3), kv_caches=[attnlib.KVCache()]), ValueError,
          "kv_caches has 1 caches, but the model has num_layers=2"),
     ],
@@ -297,8 +305,8 @@ def test_block_rope_errors():
 def test_kv_sharing_consumers_have_no_key_value_projections(positional):
     torch.manual_seed(0)
     model = TinyTransformer(11, 16, 16, 2, 4, positional=positional, kv_sharing=2)
-    roles = [block.kv_role for block in model.blocks]
-    assert roles == ["producer", "consumer", "producer", "consumer"]
+    roles = [block.attn.makes_kv for block in model.blocks]
+    assert roles == [True, False, True, False]
     assert model.blocks[1].attn.W_key is None and model.blocks[0].attn.W_key is not None
     plain = TinyTransformer(11, 16, 16, 2, 4, positional=positional)
     n_plain = sum(p.numel() for p in plain.parameters())
@@ -312,15 +320,19 @@ def test_kv_sharing_consumer_reads_the_producers_keys():
     torch.manual_seed(1)
     model = TinyTransformer(11, 16, 16, 2, 2, kv_sharing=2).eval()
     idx = torch.randint(0, 11, (2, 9))
-    x = model._add_positions(model.tok_emb(idx), 0)
-    x1, kv = model.blocks[0].forward_shared(x, None)
-    out, kv2 = model.blocks[1].forward_shared(x1, kv)
-    assert kv2[0] is kv[0]
+    x = model.tok_emb(idx) + model.pos_emb.embedding(torch.arange(9))
+    assert model.blocks[1].new_cache() is None  # a consumer keeps nothing of its own
+    cache = model.blocks[0].new_cache()
+    x1 = model.blocks[0](x, kv_cache=cache)
+    out = model.blocks[1](x1, kv_cache=cache)
     with torch.no_grad():
         model.blocks[0].attn.W_key.weight.mul_(2.0)
-    _, kv_b = model.blocks[0].forward_shared(x, None)
-    out_b, _ = model.blocks[1].forward_shared(x1, kv_b)
+    cache_b = model.blocks[0].new_cache()
+    model.blocks[0](x, kv_cache=cache_b)
+    out_b = model.blocks[1](x1, kv_cache=cache_b)
     assert (out_b - out).abs().max() > 1e-4
+    with pytest.raises(ValueError, match="consumer layer"):
+        model.blocks[1](x1)
 
 
 @pytest.mark.parametrize("positional", ["learned", "rope"])
@@ -335,7 +347,8 @@ def test_kv_sharing_cached_decoding_equals_full_forward(positional):
     for t in range(4, 10):
         parts.append(model(idx[:, t : t + 1], kv_caches=caches))
     torch.testing.assert_close(torch.cat(parts, 1), full, rtol=0, atol=1e-12)
-    assert [len(c) for c in caches] == [10, 0, 10]  # the consumer caches nothing
+    assert [len(c) for c in caches] == [10, 10, 10]
+    assert caches[1] is caches[0]  # the consumer reads its producer's cache
     prompt = idx[:, :3]
     torch.testing.assert_close(model.generate(prompt, 5), model.generate(prompt, 5,
                                use_cache=False))
@@ -348,7 +361,7 @@ def test_kv_sharing_off_is_the_old_model():
     b = TinyTransformer(11, 16, 16, 2, 2, kv_sharing=1)
     idx = torch.randint(0, 11, (1, 7))
     torch.testing.assert_close(a(idx), b(idx), rtol=0, atol=0)
-    assert all(block.kv_role is None for block in b.blocks)
+    assert not any(isinstance(block.attn, SharedKVAttention) for block in b.blocks)
 
 
 def test_kv_sharing_bad_arguments():
@@ -357,7 +370,7 @@ def test_kv_sharing_bad_arguments():
     with pytest.raises(ValueError, match="needs dropout=0"):
         TinyTransformer(11, 16, 16, 2, 2, kv_sharing=2, dropout=0.1)
     model = TinyTransformer(11, 16, 16, 2, 2, kv_sharing=2)
-    with pytest.raises(ValueError, match="return_weights=True is not supported"):
+    with pytest.raises(ValueError, match="does not return attention weights"):
         model(torch.zeros(1, 3, dtype=torch.long), return_weights=True)
 
 
@@ -384,10 +397,10 @@ def test_cache_bytes_at_llama_3_8b_shape():
 
 
 # ---------------------------------------------------------------------------
-# attention= variants (chapter 13's comparison)
+# attention= variants (chapter 13's comparison), passed as factories
 # ---------------------------------------------------------------------------
 
-VARIANTS = ("linear", "gated_deltanet", "mla", "sparse")
+VARIANTS = (LinearAttention, gated_deltanet_layer, latent_attention_layer, TopKAttention)
 
 
 @pytest.mark.parametrize("attention", VARIANTS)
@@ -397,9 +410,9 @@ def test_variant_shapes_and_modules(attention):
     logits = model(tokens(3, 10))
     assert logits.shape == (3, 10, 11)
     assert torch.isfinite(logits).all()
-    from attnlib.variants import VariantAttention
-    assert all(isinstance(b.attn, VariantAttention) for b in model.blocks)
-    assert f"attention='{attention}'" in repr(model)
+    kinds = {type(b.attn) for b in model.blocks}
+    assert len(kinds) == 1 and not issubclass(kinds.pop(), attnlib.MultiHeadAttention)
+    assert f"attention='{attention.__name__}'" in repr(model)
 
 
 @pytest.mark.parametrize("attention", VARIANTS)
@@ -434,23 +447,28 @@ def test_variant_trains(attention):
 
 
 @pytest.mark.parametrize("attention", VARIANTS)
-def test_variant_generate_recomputes_without_cache(attention):
+def test_variant_decodes_with_its_own_cache(attention):
     torch.manual_seed(0)
-    model = TinyTransformer(11, 16, 16, 2, 2, attention=attention).eval()
-    prompt = tokens(2, 4)
+    model = TinyTransformer(11, 16, 16, 2, 2, attention=attention).double().eval()
+    idx = tokens(2, 10)
+    full = model(idx)
+    caches = model.new_caches()
+    assert all(isinstance(c, Cache) for c in caches) and caches[0] is not caches[1]
+    parts = [model(idx[:, :4], kv_caches=caches)]
+    parts += [model(idx[:, t : t + 1], kv_caches=caches) for t in range(4, 10)]
+    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=0, atol=1e-12)
+    assert [len(c) for c in caches] == [10, 10]
+    prompt = idx[:, :4]
     out = model.generate(prompt, 5)
     assert out.shape == (2, 9)
     assert torch.equal(out, model.generate(prompt, 5, use_cache=False))
-    with pytest.raises(ValueError, match="KV cache"):
-        model(prompt, kv_caches=model.new_kv_caches())
     with pytest.raises(ValueError, match="return_weights"):
         model(prompt, return_weights=True)
 
 
 def test_sparse_variant_keeps_top_k_keys_only():
     torch.manual_seed(0)
-    from attnlib.variants import VariantAttention
-    layer = VariantAttention("sparse", 16, 16, 2, top_k=16).double()
+    layer = TopKAttention(16, 16, 2, top_k=16).double()
     x = torch.randn(2, 10, 16, dtype=torch.float64)
     # With top_k >= num_tokens every visible key is kept: plain causal attention.
     q = layer.W_query(x).view(2, 10, 2, 8).transpose(1, 2)
@@ -465,25 +483,32 @@ def test_sparse_variant_keeps_top_k_keys_only():
 
 
 def test_variant_arguments():
-    with pytest.raises(ValueError, match="attention must be one of"):
-        TinyTransformer(11, 16, 16, 2, 2, attention="flash")
-    with pytest.raises(TypeError, match="attention must be a str"):
-        TinyTransformer(11, 16, 16, 2, 2, attention=1)
+    for bad in ("linear", 1, LinearAttention(16, 16, 2)):
+        with pytest.raises(TypeError, match="attention must be a factory"):
+            TinyTransformer(11, 16, 16, 2, 2, attention=bad)
     for kwargs in ({"kv_sharing": 2}, {"dropout": 0.1}, {"positional": "rope"}):
-        with pytest.raises(ValueError, match="attention='linear' needs"):
-            TinyTransformer(11, 16, 16, 2, 2, attention="linear", **kwargs)
-    from attnlib.variants import VariantAttention
-    with pytest.raises(ValueError, match="kind must be one of"):
-        VariantAttention("softmax", 16, 16, 2)
+        with pytest.raises(ValueError, match="attention='LinearAttention' needs"):
+            TinyTransformer(11, 16, 16, 2, 2, attention=LinearAttention, **kwargs)
     with pytest.raises(ValueError, match="not divisible"):
-        VariantAttention("linear", 15, 16, 2)
+        LinearAttention(15, 16, 2)
+    with pytest.raises(ValueError, match="dropout and rope configure the default"):
+        TransformerBlock(16, 16, 2, rope=True, attention=LinearAttention)
+    with pytest.raises(TypeError, match="attention must be an nn.Module, a factory"):
+        TransformerBlock(16, 16, 2, attention="linear")
+
+
+def test_block_takes_a_module_as_it_is():
+    layer = TopKAttention(16, 16, 2, top_k=3)
+    block = TransformerBlock(16, 16, 2, attention=layer)
+    assert block.attn is layer
+    assert isinstance(block.new_cache(), attnlib.KVCache)
 
 
 def test_softmax_attention_is_the_default_model():
     torch.manual_seed(0)
     a = TinyTransformer(11, 16, 16, 2, 2)
     torch.manual_seed(0)
-    b = TinyTransformer(11, 16, 16, 2, 2, attention="softmax")
+    b = TinyTransformer(11, 16, 16, 2, 2, attention=None)
     idx = tokens(2, 8)
     torch.testing.assert_close(a(idx), b(idx), rtol=0, atol=0)
     assert "attention" not in repr(a)

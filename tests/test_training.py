@@ -5,6 +5,7 @@ import copy
 import pytest
 import torch
 
+import attnlib
 from attnlib import data
 from attnlib.data import IGNORE_INDEX
 from attnlib.models import TinyTransformer
@@ -19,6 +20,7 @@ from attnlib.training import (
     previous_token_score,
     train,
 )
+from attnlib.variants import LinearAttention
 
 
 @pytest.fixture(autouse=True)
@@ -356,7 +358,7 @@ def test_head_outputs_add_up_to_the_attention_output():
     for layer in range(2):
         head_out, weights = _head_outputs(model, inputs, layer)
         assert head_out.shape == (3, 4, 12, 16) and weights.shape == (3, 4, 12, 12)
-        x = model._add_positions(model.tok_emb(inputs), 0)
+        x = model.tok_emb(inputs) + model.pos_emb.embedding(torch.arange(12))
         for block in model.blocks[:layer]:
             x = block(x)
         block = model.blocks[layer]
@@ -383,7 +385,7 @@ def test_copying_score_leaves_the_model_in_its_mode_and_unchanged():
         (torch.nn.Linear(2, 2), REPEATS, 0, TypeError, "TinyTransformer"),
         (TinyTransformer(8, 8, 8, 1, 1), REPEATS, 1, ValueError, r"layer must lie in 0 \.\. "),
         (TinyTransformer(8, 8, 8, 1, 1), REPEATS, "0", TypeError, "layer must be an int"),
-        (TinyTransformer(8, 8, 8, 2, 1, positional="rope"), REPEATS, 0, ValueError,
+        (TinyTransformer(8, 8, 8, 2, 1, attention=LinearAttention), REPEATS, 0, ValueError,
          "MultiHeadAttention"),
         (TinyTransformer(8, 8, 8, 1, 1), REPEATS.float(), 0, TypeError, "int64"),
         (TinyTransformer(8, 8, 8, 1, 1), REPEATS + 8, 0, ValueError, "vocab_size"),
@@ -538,8 +540,23 @@ def test_ablate_head_into_errors(kwargs, error, match):
         ablate_head_into(**args)
 
 
-def test_ablate_head_into_refuses_rope():
+def test_ablate_head_into_refuses_other_attention():
     torch.manual_seed(0)
-    model = TinyTransformer(10, 12, 16, 2, 2, positional="rope")
+    model = TinyTransformer(10, 12, 16, 2, 2, attention=LinearAttention)
     with pytest.raises(ValueError, match="MultiHeadAttention"):
         ablate_head_into(model, ABLATION_INPUTS, 0, 0, 1, {"keys"})
+    with pytest.raises(ValueError, match="kv_sharing=1"):
+        ablate_head_into(TinyTransformer(10, 12, 16, 2, 2, kv_sharing=2), ABLATION_INPUTS,
+                         0, 0, 1, {"keys"})
+
+
+def test_ablating_into_nothing_is_the_ordinary_forward_with_rope():
+    """Any MultiHeadAttention subclass: the target's own forward runs, RoPE included."""
+    torch.manual_seed(0)
+    model = TinyTransformer(10, 12, 16, 2, 2, positional="rope").double().eval()
+    if not all(isinstance(b.attn, attnlib.MultiHeadAttention) for b in model.blocks):
+        pytest.skip("RoPE's GroupedQueryAttention is not a MultiHeadAttention subclass yet")
+    logits = ablate_head_into(model, ABLATION_INPUTS, 0, 1, 1, ())
+    torch.testing.assert_close(logits, model(ABLATION_INPUTS))
+    cut = ablate_head_into(model, ABLATION_INPUTS, 0, 1, 1, {"keys"})
+    assert (cut - logits).abs().max() > 1e-6

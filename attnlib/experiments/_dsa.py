@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from .._validation import check_bool, check_positive_int
 from ..data import IGNORE_INDEX, induction_batch
+from ..functional import causal_mask
 from ..models import TinyTransformer
 from ..sparse import LightningIndexer, top_k_mask
 from ..training import accuracy, train
@@ -151,7 +152,7 @@ class IndexedAttention(nn.Module):
         queries = self.W_query(x).view(b, n, h, d).transpose(1, 2)  # (b, h, n, d)
         keys = self.W_key(x).view(b, n, h, d).transpose(1, 2)  # (b, h, n, d)
         values = self.W_value(x).view(b, n, h, d).transpose(1, 2)  # (b, h, n, d)
-        allowed = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()  # (n, n)
+        allowed = causal_mask(n, device=x.device)  # (n, n), True = may attend
         index_scores = None
         if self.mode != "dense":
             index_scores = self.indexer(x.detach())  # (b, n, n): its own optimisation
