@@ -350,23 +350,14 @@ class TinyTransformer(nn.Module):
         check_positive_int("d_model", d_model)
         check_positive_int("num_heads", num_heads)
         check_positive_int("num_layers", num_layers)
-        if d_ff is not None:
-            check_positive_int("d_ff", d_ff)
         if not isinstance(positional, str):
             raise TypeError(f"positional must be a str, got {type_name(positional)}")
         if positional not in POSITIONAL_CHOICES:
             raise ValueError(
                 f"positional must be one of {POSITIONAL_CHOICES}, got positional={positional!r}"
             )
-        check_dropout(dropout)
-        if d_model % num_heads != 0:
-            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+        check_dropout(dropout)  # d_ff, the head size and RoPE's: checked by every block
         rope = positional == "rope"
-        if rope and (d_model // num_heads) % 2 != 0:
-            raise ValueError(
-                f"RoPE rotates pairs of features, so head_dim = d_model // num_heads = "
-                f"{d_model // num_heads} must be even (d_model={d_model}, num_heads={num_heads})"
-            )
         super().__init__()
         self.vocab_size = vocab_size
         self.context_length = context_length
@@ -412,10 +403,6 @@ class TinyTransformer(nn.Module):
                 raise ValueError("the first block has no cache of its own to share")
             caches.append(caches[-1] if cache is None else cache)
         return caches
-
-    def new_kv_caches(self) -> list[Cache]:
-        """:meth:`new_caches`, by its name before attnlib 0.5."""
-        return self.new_caches()
 
     def _num_cached(self, kv_caches: object, num_tokens: int) -> int:
         if kv_caches is None:

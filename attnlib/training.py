@@ -23,8 +23,7 @@ logits per position; ``num_heads`` heads per layer.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -32,6 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ._head_hooks import PROJECTIONS, cutting_inputs, recording_heads
 from ._validation import check_bool, check_int, check_positive_int, type_name
 from .data import IGNORE_INDEX
 from .functional import causal_mask
@@ -220,30 +220,6 @@ def _attention(model: TinyTransformer, layer: int, needed_by: str) -> MultiHeadA
     return attn
 
 
-@contextmanager
-def _recording_heads(attn: MultiHeadAttention, record: list[torch.Tensor]) -> Iterator[None]:
-    """While open, each call of ``attn`` appends what each head adds to its output.
-
-    A hook on ``out_proj`` reads the merged heads ``(b, num_tokens, num_heads *
-    head_dim)`` and appends ``(b, num_heads, num_tokens, d_out)``: head ``h``'s
-    context vectors times its columns of ``W^O`` (summed over the heads and
-    plus ``out_proj``'s bias, the attention's output).
-    """
-
-    def split(out_proj: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
-        b, num_tokens, _ = args[0].shape
-        context_vec = args[0].view(b, num_tokens, attn.num_heads, attn.head_dim)
-        w_out = attn.out_proj.weight.view(-1, attn.num_heads, attn.head_dim)
-        # w_out: (d_out, num_heads, head_dim), head h's columns of W^O
-        record.append(torch.einsum("bthd,mhd->bhtm", context_vec, w_out))
-
-    handle = attn.out_proj.register_forward_pre_hook(split)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
 @torch.no_grad()
 def _head_outputs(
     model: TinyTransformer, inputs: torch.Tensor, layer: int
@@ -255,7 +231,7 @@ def _head_outputs(
     num_tokens)``, from one forward pass of the model.
     """
     record: list[torch.Tensor] = []
-    with _recording_heads(_attention(model, layer, "_head_outputs"), record):
+    with recording_heads(_attention(model, layer, "_head_outputs"), record):
         _, attn_weights = model(inputs, return_weights=True)
     return record[0], attn_weights[layer]
 
@@ -333,7 +309,7 @@ def copying_score(model: TinyTransformer, inputs: torch.Tensor, layer: int) -> t
 
 
 #: The inputs of an attention layer that :func:`ablate_head_into` can cut.
-ABLATION_TARGETS = ("queries", "keys", "values")
+ABLATION_TARGETS = tuple(PROJECTIONS)  # ("queries", "keys", "values")
 
 
 def _check_heads(source_head: object, num_heads: int) -> list[int]:
@@ -442,33 +418,17 @@ def ablate_head_into(
     source_attn = _attention(model, source_layer, "ablate_head_into")
     target_attn = _attention(model, target_layer, "ablate_head_into")
     heads = _check_heads(source_head, source_attn.num_heads)
-    target = cast(TransformerBlock, model.blocks[target_layer])
     head_outputs: list[torch.Tensor] = []  # (b, num_heads, num_tokens, d_model)
-    stream: list[torch.Tensor] = []  # the target block's input x: (b, num_tokens, d_model)
-    ran: list[str] = []  # the cut projections, as they run
-
-    def read_without_head(name: str) -> Callable[..., torch.Tensor]:
-        def hook(proj: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor
-                 ) -> torch.Tensor:
-            ran.append(name)
-            removed = head_outputs[-1][:, heads].sum(dim=1)  # (b, num_tokens, d_model)
-            cut_out: torch.Tensor = proj.forward(target.norm_1(stream[-1] - removed))
-            return cut_out  # (b, num_tokens, d_out); .forward, not proj(): no hook again
-        return hook
-
-    projections = dict(zip(ABLATION_TARGETS, ("W_query", "W_key", "W_value"), strict=True))
-    handles = [target.register_forward_pre_hook(lambda _, args: stream.append(args[0]))]
-    handles += [getattr(target_attn, projections[name]).register_forward_hook(
-        read_without_head(name)) for name in sorted(cut)]
     was_training = model.training
     model.eval()
     try:  # the readable path (return_weights=True) runs each projection as a module
-        with _recording_heads(source_attn, head_outputs):
+        with recording_heads(source_attn, head_outputs), cutting_inputs(
+            model.blocks[target_layer], target_attn, cut,
+            lambda: head_outputs[-1][:, heads].sum(dim=1),  # (b, num_tokens, d_model)
+        ) as ran:
             logits, weights = model(inputs, return_weights=True)
     finally:
         model.train(was_training)
-        for handle in handles:
-            handle.remove()
     if sorted(ran) != sorted(cut):
         raise RuntimeError(f"{type_name(target_attn)}'s forward did not call its projections "
                            f"{sorted(cut)} as modules, so they could not be cut")

@@ -226,7 +226,7 @@ def test_chunks_through_kv_caches_equal_one_forward(positional):
     model = make_model(positional=positional, d_ff=16)
     idx = tokens(2, 9)
     full, full_weights = model(idx, return_weights=True)
-    caches = model.new_kv_caches()
+    caches = model.new_caches()
     parts = [model(idx[:, :4], kv_caches=caches), model(idx[:, 4:5], kv_caches=caches)]
     last, last_weights = model(idx[:, 5:], return_weights=True, kv_caches=caches)
     torch.testing.assert_close(torch.cat([*parts, last], dim=1), full, rtol=1e-5, atol=1e-5)
@@ -279,11 +279,11 @@ def test_generation_and_cache_errors(call, error, match):
 
 def test_cache_overflow_and_mismatched_caches_are_errors():
     model = make_model()
-    caches = model.new_kv_caches()
+    caches = model.new_caches()
     model(tokens(1, 6), kv_caches=caches)
     with pytest.raises(ValueError, match="the caches hold 6 tokens and idx adds num_tokens=4"):
         model(tokens(1, 4), kv_caches=caches)
-    other = model.new_kv_caches()
+    other = model.new_caches()
     model.blocks[0](torch.zeros(1, 2, 12), kv_cache=other[0])
     with pytest.raises(ValueError, match="different numbers of tokens"):
         model(tokens(1, 1), kv_caches=other)
@@ -342,7 +342,7 @@ def test_kv_sharing_cached_decoding_equals_full_forward(positional):
     model.eval()
     idx = torch.randint(0, 11, (2, 10))
     full = model(idx)
-    caches = model.new_kv_caches()
+    caches = model.new_caches()
     parts = [model(idx[:, :4], kv_caches=caches)]
     for t in range(4, 10):
         parts.append(model(idx[:, t : t + 1], kv_caches=caches))
