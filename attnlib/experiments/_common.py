@@ -5,4 +5,4 @@ from __future__ import annotations
 import torch
 
 #: The dtype of every tensor an experiment returns (its arithmetic is float64 too).
-_DTYPE = torch.float64
+DTYPE = torch.float64

@@ -20,7 +20,7 @@ import torch
 
 from .._validation import check_int, type_name
 from ..attention import SelfAttention_v1, SelfAttention_v2
-from ._common import _DTYPE
+from ._common import DTYPE
 
 # Described where attnlib.experiments re-exports them (the API page reads them there).
 INITIALISATIONS = ("torch.rand", "nn.Linear", "torch.rand - 0.5", "torch.rand / sqrt(d_in)")
@@ -421,7 +421,7 @@ def _train_seedwise(init: str, value_init: str, seeds: tuple[int, ...], num_step
         final_weight, _ = _on_marked(attn_scores, attn_weights, marked)
 
     def as_result(values: torch.Tensor) -> torch.Tensor:
-        return values.detach().to(_DTYPE)
+        return values.detach().to(DTYPE)
 
     return MarkedTokenTraining(
         init=init,

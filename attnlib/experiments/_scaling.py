@@ -23,7 +23,7 @@ import torch
 from .._validation import check_bool, check_int, type_name
 from .._validation import check_float_tensor as _check_float_tensor
 from ..functional import softmax
-from ._common import _DTYPE
+from ._common import DTYPE
 
 __all__ = [
     "DotProductVariance",
@@ -75,7 +75,7 @@ _CHUNK_NUMEL = 2**20
 def _standard_normal(shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
     """Independent N(0, 1) numbers of ``shape``, drawn in float32 (four times
     faster than float64 on a CPU) and returned as float64 for the arithmetic."""
-    return torch.randn(shape, generator=generator, dtype=torch.float32).to(_DTYPE)
+    return torch.randn(shape, generator=generator, dtype=torch.float32).to(DTYPE)
 
 
 def _random_dot_products(d_k: int, num_samples: int, generator: torch.Generator) -> torch.Tensor:
@@ -150,7 +150,7 @@ class DotProductVariance:
         the unbiased sample variance of ``n`` draws has relative variance
         ``2 / (n - 1) + (6 / d_k) / n``; this is its square root.
         """
-        d_ks = torch.tensor(self.d_ks, dtype=_DTYPE)
+        d_ks = torch.tensor(self.d_ks, dtype=DTYPE)
         n = self.num_samples
         return torch.sqrt(2 / (n - 1) + 6 / d_ks / n)
 
@@ -263,7 +263,7 @@ class QueryGradientNorm:
             )
         if not 0 < threshold < math.inf:
             raise ValueError(f"threshold must be positive and finite, got threshold={threshold}")
-        return (norms < threshold).to(_DTYPE).mean(dim=-1)
+        return (norms < threshold).to(DTYPE).mean(dim=-1)
 
 
 # --------------------------------------------------------------------------- experiments
