@@ -4,12 +4,14 @@ Functions are grouped by concept, not by chapter:
 
 * :mod:`attnlib.data` - the running example sentence and toy data sets.
 * :mod:`attnlib.functional` - softmax, weight-free attention, causal masks,
-  a readable reference of scaled dot-product attention, and its tiled form
-  ``flash_attention`` (FlashAttention in PyTorch, :mod:`attnlib.flash`).
+  a readable reference of scaled dot-product attention, its tiled form
+  ``flash_attention`` (FlashAttention in PyTorch, :mod:`attnlib.flash`), and
+  ``attention``, which the modules call to run either of them or torch's
+  fused kernel.
 * :mod:`attnlib.attention` - the single-head attention modules, from
   ``SelfAttention_v1`` to ``CausalAttention``.
 * :mod:`attnlib.multihead` - ``MultiHeadAttentionWrapper`` and
-  ``MultiHeadAttention``.
+  ``MultiHeadAttention`` (which ``GroupedQueryAttention`` extends).
 * :mod:`attnlib.positional` - positional encodings, rotary embeddings (RoPE).
 * :mod:`attnlib.kv_cache` - the key-value cache for generating token by token.
 * :mod:`attnlib.gqa` - grouped-query (and multi-query) attention.

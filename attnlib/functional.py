@@ -1,6 +1,14 @@
 """Attention as plain functions: softmax, weight-free attention, masks, and a
 readable reference for scaled dot-product attention.
 
+:func:`attention` is the one call every attention module makes after
+splitting the heads: the readable :func:`scaled_dot_product_attention`,
+torch's fused kernel or the tiled :func:`flash_attention` behind one
+signature (``implementation``), with grouped key/value heads and sinks. The
+modules build their masks here too (:func:`causal_mask`,
+:func:`bottom_right_causal_mask`, :func:`sliding_window_mask`,
+:func:`merge_key_padding_mask`).
+
 Shape legend used in every docstring here:
 
 * ``num_tokens`` (``N``): tokens in the sequence; ``num_tokens_q`` and
