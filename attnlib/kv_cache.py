@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from abc import ABC, abstractmethod
+from abc import ABCMeta, abstractmethod
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -68,7 +68,7 @@ def _renamed_keyword(old: str, new: str) -> Callable[[_F], _F]:
     return decorate
 
 
-class Cache(ABC):
+class Cache(metaclass=ABCMeta):
     """What one attention layer keeps between decoding steps: the interface of every cache.
 
     A cache belongs to one layer and one batch of sequences. The layer calls

@@ -127,7 +127,7 @@ class TransformerBlock(nn.Module):
         d_ff: int | None = None,
         dropout: float = 0.0,
         rope: bool = False,
-        attention: nn.Module | AttentionFactory | None = None,
+        attention: torch.nn.Module | AttentionFactory | None = None,
     ) -> None:
         check_positive_int("d_model", d_model)
         check_positive_int("context_length", context_length)

@@ -38,6 +38,7 @@ from .sparse import top_k_mask
 
 __all__ = [
     "AttentionFactory",
+    "ProjectedAttention",
     "LinearAttention",
     "TopKAttention",
     "latent_attention_layer",
@@ -64,10 +65,32 @@ def _check_sizes(d_model: int, context_length: int, num_heads: int) -> None:
         raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
 
 
-class _ProjectedHeads(nn.Module):
-    """Query/key/value/output projections as in multi-head attention around a causal
-    token mixing of ``(batch, num_heads, num_tokens, head_dim)`` heads (:meth:`mix`),
-    with a :class:`attnlib.KVCache` of keys and values."""
+class ProjectedAttention(nn.Module):
+    """Multi-head projections around a causal token mixing that subclasses define.
+
+    ``forward(x)`` projects ``x`` to queries, keys and values of ``num_heads``
+    heads of ``head_dim = d_model // num_heads`` (as multi-head attention
+    does), appends the keys and values to a cache if one is given, lets
+    :meth:`mix` combine them, and projects the merged heads with
+    ``out_proj``. Subclasses (:class:`LinearAttention`, :class:`TopKAttention`)
+    define only :meth:`mix`.
+
+    Args:
+        d_model: input and output size.
+        context_length: the most tokens.
+        num_heads: heads; must divide ``d_model``.
+
+    Shape:
+        - Input ``x``: ``(batch, num_tokens, d_model)``; output the same shape.
+
+    Raises:
+        TypeError: a size is not an int.
+        ValueError: a size is not positive, or ``d_model`` is not divisible by
+            ``num_heads``.
+
+    Source: the projections of multi-head attention, Vaswani et al. (2017),
+    "Attention Is All You Need", section 3.2.2.
+    """
 
     def __init__(self, d_model: int, context_length: int, num_heads: int) -> None:
         _check_sizes(d_model, context_length, num_heads)
@@ -85,7 +108,13 @@ class _ProjectedHeads(nn.Module):
 
     def mix(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
             ) -> torch.Tensor:
-        raise NotImplementedError
+        """Causal mixing of ``(b, h, n, d)`` queries with ``(b, h, n_kv, d)`` keys and
+        values (the queries are the last ``n`` positions): ``(b, h, n, d)``.
+
+        Raises:
+            NotImplementedError: here; subclasses define it.
+        """
+        raise NotImplementedError(f"{type_name(self)} must define mix()")
 
     def forward(
         self, x: torch.Tensor, return_weights: bool = False, *, kv_cache: KVCache | None = None
@@ -119,13 +148,13 @@ class _ProjectedHeads(nn.Module):
         return f"d_model={self.d_model}, num_heads={self.num_heads}"
 
 
-class LinearAttention(_ProjectedHeads):
+class LinearAttention(ProjectedAttention):
     """Causal linear attention with ``phi(x) = elu(x) + 1`` in the place of a softmax block.
 
     ``num_heads`` heads of ``d_model // num_heads``, with query/key/value/output
     projections as in multi-head attention, mixed by
     :func:`attnlib.linear_attention.linear_attention` (parallel form). Its
-    cache (:meth:`new_cache`) is a :class:`attnlib.KVCache`: decoding runs the
+    cache (:meth:`ProjectedAttention.new_cache`) is a :class:`attnlib.KVCache`: decoding runs the
     parallel form of the new queries against every cached key (a recurrent
     state of fixed size is :class:`~attnlib.linear_attention.GatedDeltaNet`'s).
 
@@ -151,7 +180,7 @@ class LinearAttention(_ProjectedHeads):
         return linear_attention(queries, keys, values)  # (b, h, n, d)
 
 
-class TopKAttention(_ProjectedHeads):
+class TopKAttention(ProjectedAttention):
     """Softmax attention in which each query keeps only its ``top_k`` highest-scoring keys.
 
     Multi-head attention whose queries attend only to the ``top_k`` visible keys

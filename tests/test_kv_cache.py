@@ -262,3 +262,20 @@ def test_update_does_not_alias_the_callers_tensors():
 def test_exports():
     assert attnlib.KVCache is KVCache
     assert attnlib.bottom_right_causal_mask is bottom_right_causal_mask
+
+
+def test_every_cache_has_the_one_interface():
+    from attnlib.kv_cache import Cache
+    from attnlib.latent import LatentCache
+    from attnlib.linear_attention import RecurrentState
+
+    with pytest.raises(TypeError):
+        Cache()  # abstract: update, reset, memory_bytes and num_tokens are the subclasses'
+    for cache in (attnlib.KVCache(), LatentCache(), RecurrentState()):
+        assert isinstance(cache, Cache)
+        assert (len(cache), cache.num_tokens, cache.memory_bytes()) == (0, 0, 0)
+    latent = LatentCache()
+    latent.update(torch.zeros(2, 3, 4), torch.zeros(2, 3, 2))
+    assert len(latent) == 3 and latent.memory_bytes() == 2 * 3 * 6 * 4
+    latent.reset()
+    assert len(latent) == 0
