@@ -154,22 +154,11 @@ class LinearAttention(ProjectedAttention):
     ``num_heads`` heads of ``d_model // num_heads``, with query/key/value/output
     projections as in multi-head attention, mixed by
     :func:`attnlib.linear_attention.linear_attention` (parallel form). Its
-    cache (:meth:`ProjectedAttention.new_cache`) is a :class:`attnlib.KVCache`: decoding runs the
-    parallel form of the new queries against every cached key (a recurrent
-    state of fixed size is :class:`~attnlib.linear_attention.GatedDeltaNet`'s).
-
-    Args:
-        d_model: input and output size.
-        context_length: the most tokens.
-        num_heads: heads; must divide ``d_model``.
-
-    Shape:
-        - Input ``x``: ``(batch, num_tokens, d_model)``; output the same shape.
-
-    Raises:
-        TypeError: a size is not an int.
-        ValueError: a size is not positive, or ``d_model`` is not divisible by
-            ``num_heads``.
+    cache (:meth:`ProjectedAttention.new_cache`) is a :class:`attnlib.KVCache`:
+    decoding runs the parallel form of the new queries against every cached
+    key (a recurrent state of fixed size is
+    :class:`~attnlib.linear_attention.GatedDeltaNet`'s). Arguments, shapes and
+    errors as :class:`ProjectedAttention`'s.
 
     Source: Katharopoulos et al. (2020), "Transformers are RNNs", eq. (4)-(7).
     """
@@ -191,12 +180,12 @@ class TopKAttention(ProjectedAttention):
     is left out.
 
     Args:
-        d_model, context_length, num_heads: as :class:`LinearAttention`.
+        d_model, context_length, num_heads: as :class:`ProjectedAttention`.
         top_k: keyword-only; keys per query. Default 4.
 
     Raises:
-        TypeError, ValueError: as :class:`LinearAttention`; ``top_k`` is not a
-            positive int.
+        TypeError, ValueError: as :class:`ProjectedAttention`; ``top_k`` is not
+            a positive int.
 
     Source: DeepSeek-AI (2025), "DeepSeek-V3.2-Exp", section 2.1 (top-k selection).
     """
