@@ -13,8 +13,11 @@ keeps the opening lines of a code block together where blank lines follow them
 (``_static/print.css`` has the print rules). It prints twice or more: a code
 cell or other box that would end a page in an empty stretch of its colour (its
 next line did not fit below two blank lines of code) starts on the next page
-instead, found by a scan of the printed pages and printed again; the last of
-these prints tells on which page each chapter starts, and the final one writes
+instead, found by a scan of the printed pages and printed again; so does a
+figure that leaves more than half of the page before it blank (it is printed
+smaller, to fill that page, or where it would have to be too small, the prose
+after it comes before it); the last of these prints tells on which page each
+chapter starts, and the final one writes
 those numbers into the contents, in boxes reserved before so that nothing
 moves. The PDF has a bookmark (outline entry) for each chapter and section.
 The HTML book's next build copies the PDF next to its pages and links it from
@@ -59,10 +62,25 @@ KEPT_LINES = 6
 # text area) to leave the page at least half full. tests/test_pdf.py fails at 1 cm.
 FOOT_CM = 0.8
 FOOT_START = 0.55
-FOOT_ROUNDS = 3
 # A line too wide even at the smallest size (a long message) wraps, at spaces
 # only, at this size: readable, and its alignment is lost anyway.
 WRAPPED_CODE_PX = 9
+# A figure does not break, and one taller than the space left on a page (a
+# stack of panels, up to 200 mm: print.css) moved to the next page and left up
+# to 84 % of the page before it blank. Where a page inside a chapter is more than
+# half blank and the next page opens with a figure, that figure is printed
+# smaller, just enough for it and its caption to fill the page before (less
+# FIGURE_SLACK_PT, for the margins above it), but its image never lower than
+# SMALLEST_FIGURE (a fraction of the text area's height: 106 mm, the image still
+# legible). One figure per chapter a print (each chapter starts a new sheet, so
+# chapters do not move one another), up to ROUNDS prints: what a smaller
+# figure moves up is measured again in the next print. tests/test_pdf.py fails
+# on a page more than half blank.
+TEXT_AREA_MM = 297 - 2 * 16
+SMALLEST_FIGURE = 0.4
+FIGURE_SLACK_PT = 32
+# At most this many prints before the last two (boxes moved, figures fitted).
+ROUNDS = 12
 
 # Run in the page: show what a reader opens by hand, break pages at chapters, fit
 # wide outputs and tables, make the title page, reserve the contents' page
@@ -141,16 +159,24 @@ PREPARE = """(meta) => {
     if (!after.id) after.id = 'course-after-' + n;
     boxes.push({target: box.id, after: after.id});
   });
+  // The figures that may be printed smaller (print_pdf), each with an id.
+  const figures = [];
+  document.querySelectorAll('.bd-article figure').forEach(figure => {
+    if (!figure.querySelector('img')) return;
+    if (!figure.id) figure.id = 'course-figure-' + figures.length;
+    figures.push({target: figure.id});
+  });
   // Chromium writes a named destination only for an element that a link points
-  // to: links to the boxes, never shown.
+  // to: links to the boxes and figures, never shown.
   const links = document.createElement('div');
   links.style.display = 'none';
   links.setAttribute('aria-hidden', 'true');
-  boxes.forEach(box => [box.target, box.after].forEach(id => {
-    const a = document.createElement('a');
-    a.href = '#' + id;
-    links.appendChild(a);
-  }));
+  boxes.map(box => [box.target, box.after]).flat().concat(figures.map(f => f.target))
+    .forEach(id => {
+      const a = document.createElement('a');
+      a.href = '#' + id;
+      links.appendChild(a);
+    });
   document.body.appendChild(links);
   // A table wider than the column (long code names, formulas in its cells):
   // a smaller font, down to 70 %, rather than names broken in the middle.
@@ -241,7 +267,8 @@ PREPARE = """(meta) => {
     .slice(0, 5).map(e => e.tagName + '.' + e.className + ': '
                          + (e.textContent || '').trim().slice(0, 60));
   return {chapters: starts.length, width: width, wide: wide, entries: entries, outline: outline,
-          shrunk: shrunk, wrapped: wrapped, tables: tables, kept: kept, boxes: boxes};
+          shrunk: shrunk, wrapped: wrapped, tables: tables, kept: kept, boxes: boxes,
+          figures: figures};
 }"""
 
 # Run in the page before PREPARE: what differs between the screen and paper.
@@ -382,6 +409,61 @@ MOVE = """(ids) => ids.forEach(id => {
 })"""
 
 
+# Print these figures' images (figure ids) this many CSS px lower, keeping their
+# proportions, but not lower than ``floor`` px; return each image's height before
+# and after, and the height it had before the first of these calls.
+SHRINK = """([items, floor]) => items.map(([id, by]) => {
+  const img = Array.from(document.getElementById(id).querySelectorAll('img'))
+    .find(i => i.getBoundingClientRect().height > 0);
+  const before = img.getBoundingClientRect().height;
+  if (!img.dataset.printHeight) img.dataset.printHeight = String(before);
+  const after = Math.max(Math.floor(before - by), Math.ceil(floor));
+  img.style.setProperty('height', after + 'px', 'important');
+  img.style.setProperty('max-height', after + 'px', 'important');
+  img.style.setProperty('width', 'auto', 'important');
+  return {target: id, before: before, after: img.getBoundingClientRect().height,
+          first: parseFloat(img.dataset.printHeight)};
+})"""
+
+
+# Where a figure cannot be made small enough (SMALLEST_FIGURE), the prose that
+# follows it is printed before it instead, as much as fits into the blank foot of
+# the page before (``room`` CSS px) and at least ``need`` px (so that the page is
+# at most half blank): whole paragraphs, lists and displayed equations only, up to
+# the next heading, code cell, box or paragraph that ends in a colon. The figure
+# (its cell's output) follows them, as a printed book places a figure at the top
+# of the next page. Returns how many were moved (0: none could be).
+DEFER = """([id, room, need]) => {
+  const figure = document.getElementById(id);
+  const output = figure.closest('div.cell_output') || figure;
+  const cell = output.closest('div.cell') || output;
+  // Not a paragraph that ends in a colon: it introduces what follows it.
+  const prose = e => e.matches('p, ul, ol, blockquote, div.math')
+    && !(e.matches('p') && e.textContent.trim().endsWith(':'));
+  // A hidden check cell prints nothing: passed over, left where it is.
+  const empty = e => e.matches('div.cell') && !e.textContent.trim() && !e.querySelector('img');
+  const outer = e => {
+    const style = getComputedStyle(e);
+    const box = e.getBoundingClientRect();
+    return [box.top - parseFloat(style.marginTop), box.bottom + parseFloat(style.marginBottom)];
+  };
+  const moved = [];
+  let top = null;
+  for (let e = cell.nextElementSibling; e && (prose(e) || empty(e)); e = e.nextElementSibling) {
+    if (empty(e)) continue;
+    const [start, end] = outer(e);
+    if (top === null) top = start;
+    if (end - top > room) break;
+    moved.push([e, end - top]);
+  }
+  if (!moved.length || moved[moved.length - 1][1] < need) return 0;
+  moved.forEach(([e]) => output.before(e));
+  // Inside the cell, after its code: the space a paragraph has after a cell.
+  moved[0][0].style.setProperty('margin-top', '1.15rem', 'important');
+  return moved.length;
+}"""
+
+
 class _Quiet(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):
         pass
@@ -449,19 +531,25 @@ def _filled(row) -> bool:
     return counts.max() >= 0.5 * row.shape[0]
 
 
-def empty_feet(data: bytes) -> dict[int, tuple[float, float, float]]:
-    """The pages (from 1) whose text area ends in an empty stretch of a box: rows up
+def scan_pages(data: bytes) -> list[dict]:
+    """Each page of a PDF printed by Chromium, rasterised at 1 px per point, as
+    tests/test_pdf.py's page_scan measures it: the height of the text area
+    (``rows``, points), how far down it is used (``used``: its last row with ink
+    or an image), the bottom of the first image with its caption below it
+    (``figure_bottom``: down to the first gap of 24 pt; None without an image),
+    and ``foot``: where the text area ends in an empty stretch of a box (rows up
     to the foot, each filled with one non-white colour across at least half the
-    column, with no text or image on them. For each, the stretch's height in cm,
-    where it starts and how tall the text area is (points from the area's top).
-    tests/test_pdf.py's page_scan measures every empty box this way."""
+    column, with no text or image on them) of FOOT_CM or more, its height in cm,
+    where it starts and the text area's height (points from the area's top), else
+    None. tests/test_pdf.py measures every empty box and every half-empty page
+    this way."""
     import numpy as np
     import pypdfium2 as pdfium
     import pypdfium2.raw as pdfium_c
 
     mm = 72 / 25.4
     pdf = pdfium.PdfDocument(data)
-    feet = {}
+    scans = []
     for index in range(len(pdf)):
         page = pdf[index]
         img = np.asarray(page.render(scale=1).to_pil().convert("RGB")).astype(np.int32)
@@ -470,33 +558,55 @@ def empty_feet(data: bytes) -> dict[int, tuple[float, float, float]]:
         left, right = round(SIDE_MARGIN_MM * mm), width - round(SIDE_MARGIN_MM * mm)
         area = img[top:bottom, left:right]
         rows = area.shape[0]
+        images = []
+        for obj in page.get_objects(filter=[pdfium_c.FPDF_PAGEOBJ_IMAGE]):
+            _, low, _, high = obj.get_bounds()
+            images.append((max(round(height - high) - top, 0),
+                           max(round(height - low) - top + 1, 0)))
+        inked = (area.min(axis=2) < 253).any(axis=1)
+        for start, end in images:
+            inked[start:end] = True
+        used = np.nonzero(inked)[0]
+        figure_bottom = None
+        if images:
+            y, blank = min(images)[1], 0
+            while y < rows and blank < 24:
+                blank = 0 if inked[y] else blank + 1
+                y += 1
+            figure_bottom = y - blank
+        scans.append({"rows": rows, "used": int(used[-1]) + 1 if len(used) else 0,
+                      "figure_bottom": figure_bottom, "foot": None})
         y = rows
         while y > 0 and _filled(area[y - 1]):
             y -= 1
         if rows - y < FOOT_CM * 10 * mm:
             continue
         # Text or an image in the stretch ends it there.
-        spans = []
+        spans = list(images)
         text = page.get_textpage()
         for i in range(text.count_chars()):
             x0, low, x1, high = text.get_charbox(i)
             if x1 > x0:
                 spans.append((round(height - high) - top, round(height - low) - top + 1))
-        for obj in page.get_objects(filter=[pdfium_c.FPDF_PAGEOBJ_IMAGE]):
-            _, low, _, high = obj.get_bounds()
-            spans.append((round(height - high) - top, round(height - low) - top + 1))
         y = max([y] + [min(end, rows) for start, end in spans if end > y and start < rows])
         if rows - y >= FOOT_CM * 10 * mm:
-            feet[index + 1] = ((rows - y) / mm / 10, y, rows)
-    return feet
+            scans[-1]["foot"] = ((rows - y) / mm / 10, y, rows)
+    return scans
 
 
-def boxes_to_move(data: bytes, boxes: list[dict]) -> tuple[list[str], list[int]]:
+def empty_feet(scans: list[dict]) -> dict[int, tuple[float, float, float]]:
+    """The pages (from 1) whose text area ends in an empty stretch of a box
+    (scan_pages): for each, the stretch's height in cm, where it starts and how
+    tall the text area is (points from the area's top)."""
+    return {number: scan["foot"] for number, scan in enumerate(scans, 1) if scan["foot"]}
+
+
+def boxes_to_move(data: bytes, scans: list[dict], boxes: list[dict]) -> tuple[list[str], list[int]]:
     """The boxes of ``boxes`` (``target``: a box's id, ``after``: the id of what
-    follows it) that end a page in an empty stretch (empty_feet) and start low
-    enough on it to start on the next page instead; and the pages with an empty
-    stretch that no box can be moved to mend."""
-    feet = empty_feet(data)
+    follows it) that end a page of ``data`` (scanned: ``scans``) in an empty
+    stretch (empty_feet) and start low enough on it to start on the next page
+    instead; and the pages with an empty stretch that no box can be moved to mend."""
+    feet = empty_feet(scans)
     if not feet:
         return [], []
     mm = 72 / 25.4
@@ -515,6 +625,60 @@ def boxes_to_move(data: bytes, boxes: list[dict]) -> tuple[list[str], list[int]]
         else:
             left.append(number)
     return move, left
+
+
+def figures_to_fit(data: bytes, scans: list[dict], figures: list[dict], chapters: list[str],
+                   heights: dict[str, float], tries: dict[str, int], deferred: set[str],
+                   ) -> tuple[list[tuple[str, float]], list[tuple[str, float, float]], list[int]]:
+    """The figures of ``figures`` (``target``: a figure's id) to print smaller, and
+    by how much (CSS px off the image's height, ``heights``: each image's height
+    now), so that each fills the page before it: a page of ``data`` (scanned:
+    ``scans``) inside a chapter (``chapters``: the ids where each page of the book
+    starts) that is more than half blank, the next page opening with that
+    figure. The first such page of each chapter only: the rest of the chapter
+    moves. A figure made smaller ``tries`` times before that still did not fit
+    leaves more room (FIGURE_SLACK_PT more each time). Where the figure would have
+    to be lower than SMALLEST_FIGURE, the prose after it is to be printed before
+    it (DEFER): the figure's id, the room on the page before and the least that
+    fills it to half (CSS px). Also the pages that cannot be mended so (no figure
+    follows, or its prose was moved before)."""
+    starts = sorted({page for page in destination_pages(data, chapters) if page})
+    tops = destination_tops(data, [figure["target"] for figure in figures])
+    floor = SMALLEST_FIGURE * TEXT_AREA_MM / 25.4 * 96
+    fit, defer, left, done = [], [], [], set()
+    for number, scan in enumerate(scans, 1):
+        if not starts or number < starts[0] or number == len(scans) or number + 1 in starts:
+            continue  # the cover and contents, the last page of a page of the book
+        empty = scan["rows"] - scan["used"]
+        if empty <= scan["rows"] / 2:
+            continue
+        chapter = max(page for page in starts if page <= number)
+        following = scans[number]["figure_bottom"]
+        # The figure on the next page, or one whose (empty) start is left in the
+        # blank foot of this page.
+        mm = 72 / 25.4
+        found = [(top[0], top[1], figure["target"])
+                 for figure, top in zip(figures, tops, strict=True)
+                 if top and (top[0] == number + 1
+                             or top[0] == number and top[1] - 16 * mm >= scan["used"])]
+        if following is None or not found:
+            left.append(number)
+            continue
+        if chapter in done:
+            continue
+        target = min(found)[2]
+        # Points to CSS px: Chromium prints a px as 0.75 pt.
+        by = (following + FIGURE_SLACK_PT * (1 + tries.get(target, 0)) - empty) / 0.75
+        if heights[target] - by >= floor:
+            fit.append((target, by))
+        elif target not in deferred:
+            defer.append((target, (empty - FIGURE_SLACK_PT) / 0.75,
+                          (empty - scan["rows"] / 2) / 0.75 + 8))
+        else:
+            left.append(number)
+            continue
+        done.add(chapter)
+    return fit, defer, left
 
 
 def with_outline(data: bytes, outline: list[dict]) -> bytes:
@@ -609,16 +773,43 @@ def print_pdf(html: Path, pdf: Path) -> dict:
             # of fixed width, so the second print has the same pages.
             # A box that ends a page in an empty stretch (its next lines did not
             # fit, two blank lines of code before them) starts on the next page.
-            moved, left = [], []
-            for attempt in range(FOOT_ROUNDS + 1):
+            # A figure that leaves more than half of the page before it blank is
+            # printed smaller, to fill that page; what it moves up is measured
+            # again in the next print.
+            chapters = [item["target"] for item in layout["outline"]]
+            moved: list[str] = []
+            left: list[int] = []
+            blank: list[int] = []
+            shrunk: dict[str, float] = {}
+            tries: dict[str, int] = {}
+            deferred: dict[str, int] = {}
+            for attempt in range(ROUNDS + 1):
                 data = page.pdf(**options)
-                move, left = boxes_to_move(data, layout["boxes"])
+                scans = scan_pages(data)
+                move, left = boxes_to_move(data, scans, layout["boxes"])
                 move = [target for target in move if target not in moved]
-                if not move or attempt == FOOT_ROUNDS:
+                heights = page.evaluate(
+                    "(ids) => Object.fromEntries(ids.map(id => [id, Math.max(...Array.from("
+                    "document.getElementById(id).querySelectorAll('img'))"
+                    ".map(i => i.getBoundingClientRect().height))]))",
+                    [figure["target"] for figure in layout["figures"]],
+                )
+                fit, defer, blank = figures_to_fit(data, scans, layout["figures"], chapters,
+                                                   heights, tries, set(deferred))
+                if (not move and not fit and not defer) or attempt == ROUNDS:
                     break
-                page.evaluate(MOVE, move)
-                moved += move
+                if move:
+                    page.evaluate(MOVE, move)
+                    moved += move
+                floor = SMALLEST_FIGURE * TEXT_AREA_MM / 25.4 * 96
+                for item in page.evaluate(SHRINK, [fit, floor]):
+                    shrunk[item["target"]] = item["after"] / item["first"]
+                    tries[item["target"]] = tries.get(item["target"], 0) + 1
+                for target, room, need in defer:
+                    deferred[target] = page.evaluate(DEFER, [target, room, need])
             layout["moved"], layout["feet_left"] = len(moved), left
+            layout["figures_shrunk"], layout["blank_left"] = shrunk, blank
+            layout["figures_deferred"] = {k: v for k, v in deferred.items() if v}
             first = destination_pages(data, targets)
             page.evaluate(NUMBER, first)
             data = page.pdf(**options)
@@ -658,6 +849,16 @@ def main(argv: list[str] | None = None) -> int:
           f" in an empty stretch")
     print(f"{layout['solutions']} solutions (with {layout['answer_cells']} cells of worked"
           f" answers) in the appendix; {layout['api_entries']} API entries printed compact")
+    if layout["figures_shrunk"]:
+        print(f"{len(layout['figures_shrunk'])} figures printed smaller to fill the page before"
+              " them (height, of its print size): " + ", ".join(
+                  f"{target} {scale:.0%}" for target, scale in layout["figures_shrunk"].items()))
+    if layout["figures_deferred"]:
+        print(f"{len(layout['figures_deferred'])} figures printed after the paragraphs that"
+              " follow them, too tall to fit smaller (paragraphs moved): " + ", ".join(
+                  f"{target} {count}" for target, count in layout["figures_deferred"].items()))
+    if layout["blank_left"]:
+        print(f"pages still more than half blank inside a chapter: {layout['blank_left']}")
     if layout["feet_left"]:
         print(f"pages still ending in an empty stretch of a box >= {FOOT_CM} cm:"
               f" {layout['feet_left']}")
