@@ -39,20 +39,14 @@ from typing import Any
 
 import torch
 
-from ._validation import check_positive_int, check_sdpa_inputs, type_name
+from ._validation import check_int, check_positive_int, check_sdpa_inputs, type_name
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "compute_dtype", "differentiable_once", "flash_attention",
-           "flash_attention_backward", "flash_attention_forward"]
+__all__ = ["DEFAULT_BLOCK_SIZE", "FlashAttentionFunction", "causal_tile_mask", "compute_dtype",
+           "differentiable_once", "flash_attention", "flash_attention_backward",
+           "flash_attention_forward"]
 
 DEFAULT_BLOCK_SIZE = 256
 """Query and key/value block size used when none is given (tuned on a 2-core CPU)."""
-
-
-def _check_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  is_causal: bool, scale: float | None, block_size: object) -> int:
-    # The reference's checks, so both functions refuse bad input with the same words.
-    check_sdpa_inputs(query, key, value, None, 0.0, is_causal, scale)
-    return check_positive_int("block_size", block_size)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -68,12 +62,44 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _future_mask(q_start: int, q_end: int, kv_start: int, kv_end: int,
-                 device: torch.device) -> torch.Tensor:
-    """Bool ``(q_end - q_start, kv_end - kv_start)``, True where key j > query i."""
-    rows = torch.arange(q_start, q_end, device=device).unsqueeze(-1)  # (Bq, 1)
-    cols = torch.arange(kv_start, kv_end, device=device)  # (Bk,)
-    return cols > rows  # (Bq, Bk): top-left aligned causal mask, True = hidden
+def causal_tile_mask(q_start: int, q_end: int, kv_start: int, kv_end: int, *,
+                     device: torch.device | str | None = None) -> torch.Tensor:
+    """The causal mask of one tile: queries ``q_start ... q_end - 1`` against keys
+    ``kv_start ... kv_end - 1``.
+
+    The block of :func:`attnlib.functional.causal_mask` (top-left alignment, torch's
+    ``is_causal``) at rows ``q_start:q_end`` and columns ``kv_start:kv_end``, built
+    without the rest of the matrix: query ``i`` sees key ``j`` when ``j <= i``. The
+    tiled loops here mask only the tiles that cross the diagonal, whose first query and
+    first key coincide (``q_start == kv_start``).
+
+    Args:
+        q_start, q_end: the tile's query positions, ``0 <= q_start <= q_end``.
+        kv_start, kv_end: the tile's key positions, ``0 <= kv_start <= kv_end``.
+        device: keyword-only; where to create the mask.
+
+    Returns:
+        Bool tensor ``(q_end - q_start, kv_end - kv_start)``, **True where attention is
+        allowed** (the polarity of :mod:`attnlib.functional`'s masks).
+
+    Raises:
+        TypeError: a position is not an integer (bools are refused).
+        ValueError: a position is negative, or an end lies before its start.
+
+    Source: the decoder masking of Vaswani et al. (2017), section 3.2.3, cut into the
+    tiles of Dao et al. (2022), "FlashAttention", Algorithm 1.
+    """
+    bounds = {name: check_int(name, v, minimum=0) for name, v in
+              (("q_start", q_start), ("q_end", q_end), ("kv_start", kv_start),
+               ("kv_end", kv_end))}
+    for start, end in (("q_start", "q_end"), ("kv_start", "kv_end")):
+        if bounds[end] < bounds[start]:
+            raise ValueError(f"{end}={bounds[end]} lies before {start}={bounds[start]}: "
+                             f"expected {start} <= {end}")
+    rows, cols = bounds["q_end"] - bounds["q_start"], bounds["kv_end"] - bounds["kv_start"]
+    ones = torch.ones(rows, cols, dtype=torch.bool, device=device)
+    # Key kv_start + c is visible to query q_start + r when c <= r + (q_start - kv_start).
+    return torch.tril(ones, diagonal=bounds["q_start"] - bounds["kv_start"])
 
 
 def flash_attention_forward(
@@ -125,7 +151,8 @@ def flash_attention_forward(
     Algorithm 1; Milakov and Gimelshein (2018), "Online normalizer calculation
     for softmax", Algorithm 3.
     """
-    block_size = _check_inputs(query, key, value, is_causal, scale, block_size)
+    check_sdpa_inputs(query, key, value, None, 0.0, is_causal, scale)  # the reference's checks
+    block_size = check_positive_int("block_size", block_size)
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     num_tokens_q, num_tokens_kv = query.shape[-2], key.shape[-2]
@@ -155,8 +182,8 @@ def flash_attention_forward(
             # tile); the backward pass recomputes the scores with exactly these operations.
             scores = (q_block @ k_block.transpose(-2, -1)).mul_(scale)  # (..., Bq, Bk)
             if is_causal and kv_end - 1 > q_start:  # the tile crosses the diagonal
-                hidden = _future_mask(q_start, q_end, kv_start, kv_end, query.device)
-                scores = scores.masked_fill(hidden, -math.inf)
+                seen = causal_tile_mask(q_start, q_end, kv_start, kv_end, device=query.device)
+                scores = scores.masked_fill(~seen, -math.inf)  # (..., Bq, Bk)
             # Every row sees key 0 in the first tile, so new_max is finite from here on.
             new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))  # (..., Bq, 1)
             probs = torch.exp(scores - new_max)  # (..., Bq, Bk), unnormalised
@@ -234,14 +261,37 @@ def differentiable_once(name: str) -> Callable[[Callable[..., Any]], Callable[..
     return decorate
 
 
-class _FlashAttentionFunction(torch.autograd.Function):
-    """Autograd wrapper: saves only the inputs and each row's log-sum-exp."""
+class FlashAttentionFunction(torch.autograd.Function):
+    """The autograd function behind :func:`attnlib.flash.flash_attention`: it saves only
+    the inputs and each row's log-sum-exp, not the tiles' weights.
+
+    Call it as ``FlashAttentionFunction.apply(query, key, value, is_causal, scale,
+    block_size)`` with checked arguments (``scale`` a float, not None); to have them
+    checked, call :func:`attnlib.flash.flash_attention`. The forward pass is
+    :func:`attnlib.flash.flash_attention_forward`; the backward pass sums each row's
+    recomputed weights and ``D`` in a first pass over the tiles, then runs
+    :func:`attnlib.flash.flash_attention_backward` with them. It is differentiable once
+    (:func:`attnlib.flash.differentiable_once`).
+
+    Shapes: query ``(..., num_tokens_q, d_k)``, key ``(..., num_tokens_kv, d_k)``, value
+    ``(..., num_tokens_kv, d_v)``; the output ``(..., num_tokens_q, d_v)``, in the input's
+    dtype.
+
+    Raises:
+        RuntimeError: a backward pass through the gradients its backward returned with
+            ``create_graph=True``.
+
+    Source: Dao et al. (2022), "FlashAttention", Algorithms 1 and 4; Dao (2023),
+    "FlashAttention-2", section 3.1.1 (the one log-sum-exp saved per row).
+    """
 
     # ctx is Any, as in torch's own signatures: FunctionCtx declares neither
     # saved_tensors nor the attributes set on it here.
     @staticmethod
     def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 is_causal: bool, scale: float, block_size: int) -> torch.Tensor:
+        """The context vectors ``(..., num_tokens_q, d_v)``; saves the inputs and the
+        log-sum-exp ``(..., num_tokens_q, 1)`` on ``ctx``."""
         context_vec, logsumexp = flash_attention_forward(
             query, key, value, is_causal, scale, block_size=block_size)
         ctx.save_for_backward(query, key, value, logsumexp)
@@ -252,6 +302,8 @@ class _FlashAttentionFunction(torch.autograd.Function):
     @differentiable_once("attnlib.flash.flash_attention")
     def backward(ctx: Any, grad_context: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None, None]:
+        """``(grad_query, grad_key, grad_value, None, None, None)``: the gradients shaped
+        and typed as the inputs, none for the three settings."""
         query, key, value, logsumexp = ctx.saved_tensors
         grads = _flash_backward(query, key, value, logsumexp, grad_context, ctx.is_causal,
                                 ctx.scale, ctx.block_size)
@@ -284,8 +336,8 @@ def _recompute_tile(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     v_block = value[..., kv_start:kv_end, :].to(dtype)  # (..., Bk, d_v)
     scores = (q_block @ k_block.transpose(-2, -1)).mul_(scale)  # (..., Bq, Bk), as forward
     if is_causal and kv_end - 1 > q_start:  # the tile crosses the diagonal
-        hidden = _future_mask(q_start, q_end, kv_start, kv_end, query.device)
-        scores = scores.masked_fill(hidden, -math.inf)
+        seen = causal_tile_mask(q_start, q_end, kv_start, kv_end, device=query.device)
+        scores = scores.masked_fill(~seen, -math.inf)
     exp_scores = torch.exp(scores - logsumexp[..., q_start:q_end, :])  # (..., Bq, Bk)
     grad_weights = grad_context[..., q_start:q_end, :] @ v_block.transpose(-2, -1)
     return q_block, k_block, exp_scores, grad_weights
@@ -369,7 +421,8 @@ def flash_attention_backward(
     Source: Dao (2023), "FlashAttention-2", Algorithm 2 and section 3.1.2; Dao et al.
     (2022), "FlashAttention", Algorithm 4 and appendix B.2 (``D = rowsum(dO * O)``).
     """
-    block_size = _check_inputs(query, key, value, is_causal, scale, block_size)
+    check_sdpa_inputs(query, key, value, None, 0.0, is_causal, scale)  # the reference's checks
+    block_size = check_positive_int("block_size", block_size)
     _check_row_terms(query, value, logsumexp=logsumexp, grad_context=grad_context,
                      delta=delta, row_sum=row_sum)
     if scale is None:
@@ -497,8 +550,9 @@ def flash_attention(
     backward); Milakov and Gimelshein (2018), "Online normalizer calculation
     for softmax".
     """
-    block_size = _check_inputs(query, key, value, is_causal, scale, block_size)
+    check_sdpa_inputs(query, key, value, None, 0.0, is_causal, scale)  # the reference's checks
+    block_size = check_positive_int("block_size", block_size)
     is_causal = bool(is_causal)
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
-    return _FlashAttentionFunction.apply(query, key, value, is_causal, float(scale), block_size)
+    return FlashAttentionFunction.apply(query, key, value, is_causal, float(scale), block_size)

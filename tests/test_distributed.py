@@ -469,6 +469,25 @@ def test_merge_gives_a_part_that_saw_no_key_no_weight():
         merge_partials(out_a, lse_a.squeeze(-1), out_a, lse_a)
     with pytest.raises(TypeError, match="lse_b must be a floating-point tensor"):
         merge_partials(out_a, lse_a, out_a, [1.0])
+    with pytest.raises(TypeError, match="in_place must be a bool"):
+        merge_partials(out_a, lse_a, out_a, lse_a, in_place=1)
+
+
+def test_merge_in_place_writes_the_running_result_and_equals_the_new_tensors():
+    gen = torch.Generator().manual_seed(6)
+    out_a, out_b = torch.randn(2, 3, 5, 4, generator=gen), torch.randn(2, 3, 5, 4, generator=gen)
+    lse_a, lse_b = torch.randn(2, 3, 5, 1, generator=gen), torch.randn(2, 3, 5, 1, generator=gen)
+    lse_a[0, 0, 0] = -math.inf  # a row whose first part saw no key
+    expected = merge_partials(out_a, lse_a, out_b, lse_b)
+    running_out, running_lse = out_a.clone(), lse_a.clone()
+    rows = slice(1, 4)  # views of the running result, as ring_forward passes them
+    got = merge_partials(running_out[..., rows, :], running_lse[..., rows, :],
+                         out_b[..., rows, :], lse_b[..., rows, :], in_place=True)
+    assert got[0].data_ptr() == running_out[..., rows, :].data_ptr()
+    torch.testing.assert_close(running_out[..., rows, :], expected[0][..., rows, :])
+    torch.testing.assert_close(running_lse[..., rows, :], expected[1][..., rows, :])
+    assert torch.equal(running_out[..., :1, :], out_a[..., :1, :])  # other rows untouched
+    assert torch.equal(running_lse[..., 4:, :], lse_a[..., 4:, :])
 
 
 def failing_worker(rank, world_size):

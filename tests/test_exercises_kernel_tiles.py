@@ -37,7 +37,7 @@ def test_causal_stages_accepts_numpy_integers_a_list_and_the_kernels_bounds():
         return [np.int64(u), torch.tensor(m)]
 
     def from_the_kernel(start_m, block_m, block_n, n_kv):  # attnlib's own schedule
-        lo, mid_lo, mid_hi, hi = flash_triton._launch.key_tile_bounds(
+        lo, mid_lo, mid_hi, hi = flash_triton.key_tile_bounds(
             start_m, n_kv, 0, None, True, block_m, block_n)
         assert lo == mid_lo == 0
         return mid_hi, hi

@@ -288,6 +288,37 @@ def test_compute_dtype_and_differentiable_once_refuse_bad_arguments():
         flash.differentiable_once(3)
 
 
+@pytest.mark.parametrize("tile", [(0, 4, 0, 4), (4, 7, 4, 9), (8, 11, 2, 6), (3, 3, 0, 5),
+                                  (0, 5, 6, 9)])
+def test_causal_tile_mask_is_the_block_of_functionals_causal_mask(tile):
+    q_start, q_end, kv_start, kv_end = tile
+    whole = attnlib.functional.causal_mask(max(q_end, 1), max(kv_end, 1))
+    expected = whole[q_start:q_end, kv_start:kv_end]
+    got = flash.causal_tile_mask(*tile)
+    assert got.dtype is torch.bool and got.shape == expected.shape
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("tile, error, match", [
+    ((0, 4, 0, 4.0), TypeError, "kv_end must be an int"),
+    ((0, 4, True, 4), TypeError, "kv_start must be an int"),
+    ((-1, 4, 0, 4), ValueError, "q_start"),
+    ((5, 4, 0, 4), ValueError, "q_end=4 lies before q_start=5"),
+    ((0, 4, 3, 2), ValueError, "kv_end=2 lies before kv_start=3"),
+])
+def test_causal_tile_mask_refuses_bad_positions(tile, error, match):
+    with pytest.raises(error, match=match):
+        flash.causal_tile_mask(*tile)
+
+
+def test_the_autograd_function_is_public_and_is_what_flash_attention_applies():
+    query, key, value = _qkv(requires_grad=True)
+    out = flash.FlashAttentionFunction.apply(query, key, value, True, 0.5, 3)
+    assert out.grad_fn is not None and "FlashAttentionFunction" in type(out.grad_fn).__name__
+    torch.testing.assert_close(out, flash_attention(query, key, value, True, 0.5,
+                                                    block_size=3), rtol=0, atol=0)
+
+
 def test_gradient_only_for_the_inputs_that_need_one():
     query, key, value = _qkv()
     value.requires_grad_(True)

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from .._validation import (
+    check_bool,
     check_positive_int,
     check_sdpa_inputs,
     type_name,
@@ -30,7 +31,8 @@ from ._sharding import DEFAULT_BLOCK_SIZE, check_layout
 
 
 def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
-                   lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                   lse_b: torch.Tensor, *, in_place: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention over the keys of two parts, from each part's result and log-sum-exp.
 
     If ``out_a`` is the attention of some queries over one set of keys and ``lse_a`` the
@@ -44,12 +46,15 @@ def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor
     Args:
         out_a, out_b: ``(..., num_tokens_q, d_v)``, floating point.
         lse_a, lse_b: ``(..., num_tokens_q, 1)``, the dtype of the outputs (or float32).
+        in_place: keyword-only; write the result into ``out_a`` and ``lse_a`` (a running
+            result, views allowed) and return them, with no temporary of ``out_a``'s
+            size, as :func:`ring_forward` does every step. Default False: new tensors.
 
     Returns:
-        ``(out, lse)`` of the same shapes.
+        ``(out, lse)`` of the same shapes (``out_a`` and ``lse_a`` when ``in_place``).
 
     Raises:
-        TypeError: an argument is not a floating-point tensor.
+        TypeError: an argument is not a floating-point tensor; ``in_place`` not a bool.
         ValueError: the shapes disagree.
 
     Source: Milakov and Gimelshein (2018), "Online normalizer calculation for softmax",
@@ -65,8 +70,12 @@ def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor
             f"expected out_a and out_b of one shape (..., n, d_v) and lse_a, lse_b of shape "
             f"(..., n, 1), got {tuple(out_a.shape)}, {tuple(lse_a.shape)}, "
             f"{tuple(out_b.shape)}, {tuple(lse_b.shape)}")
+    in_place = check_bool("in_place", in_place)
     lse = torch.logaddexp(lse_a, lse_b)
     safe = lse.masked_fill(lse == -math.inf, 0.0)  # rows that saw no key at all
+    if in_place:
+        out_a.mul_(torch.exp(lse_a - safe)).addcmul_(torch.exp(lse_b - safe), out_b)
+        return out_a, lse_a.copy_(lse)
     out = torch.exp(lse_a - safe) * out_a + torch.exp(lse_b - safe) * out_b
     return out, lse
 
@@ -141,16 +150,6 @@ class RingNeighbours:
         return pending[1]
 
 
-def _merge_into(out: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor,
-                part_lse: torch.Tensor) -> None:
-    """:func:`merge_partials` written into the running ``out`` and ``lse`` (views), with no
-    temporary of ``out``'s size: the ring's working memory stays two such tensors."""
-    new_lse = torch.logaddexp(lse, part_lse)
-    safe = new_lse.masked_fill(new_lse == -math.inf, 0.0)
-    out.mul_(torch.exp(lse - safe)).addcmul_(torch.exp(part_lse - safe), part_out)
-    lse.copy_(new_lse)
-
-
 def ring_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  is_causal: bool, scale: float, ring: RingNeighbours, layout: str,
                  block_size: int, stats: RingStats | None = None
@@ -198,7 +197,9 @@ def ring_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             part_out, part_lse = flash_attention_forward(
                 query[..., rows, :].to(dtype), k_block[..., cols, :].to(dtype),
                 v_block[..., cols, :].to(dtype), causal, scale, block_size=block_size)
-            _merge_into(out[..., rows, :], lse[..., rows, :], part_out, part_lse)
+            # Into the running result's rows, with no temporary of their size.
+            merge_partials(out[..., rows, :], lse[..., rows, :], part_out, part_lse,
+                           in_place=True)
             del part_out, part_lse  # not alive during the next step's computation
         if pending is not None:
             k_block, v_block = ring.finish(pending)

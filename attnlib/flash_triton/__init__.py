@@ -68,9 +68,10 @@ Python) and ``_api`` (the passes, autograd, the public functions).
 """
 
 # kernels (the kernels as Python functions, printed by chapter 11), jit_kernels (which
-# chapter 11 compiles for an H100), import_triton and imported_interpreted (which the
-# exercises and the tests use) are public but not in __all__, off the API page: its links
-# have no target for their types (tl.tensor, types.SimpleNamespace, types.ModuleType).
+# chapter 11 compiles for an H100), import_triton, imported_interpreted and
+# key_tile_bounds (the kernels' tile schedule in Python; the exercises and the tests use
+# them) are public but not in __all__, off the API page: its links have no target for
+# their types (tl.tensor, types.SimpleNamespace, types.ModuleType).
 from . import _kernels as kernels  # noqa: F401
 from . import _launch
 from ._api import flash_attention_triton, flash_attention_triton_forward
@@ -78,6 +79,7 @@ from ._launch import autotuned_configs, tile_counts
 from ._launch import import_triton as import_triton
 from ._launch import imported_interpreted as imported_interpreted
 from ._launch import jit_kernels as jit_kernels
+from ._launch import key_tile_bounds as key_tile_bounds
 
 __all__ = ["AUTOTUNE_CONFIGS", "CAUSAL_ALIGNMENTS", "HEAD_DIMS", "SUPPORTED_DTYPES",
            "autotuned_configs", "flash_attention_triton", "flash_attention_triton_forward",

@@ -355,7 +355,33 @@ def on_device(device: torch.device) -> contextlib.AbstractContextManager[object]
 def key_tile_bounds(start_m: int, n_kv: int, offset: int, window: int | None,
                     is_causal: bool, block_m: int, block_n: int
                     ) -> tuple[int, int, int, int]:
-    """``kernels.key_tiles`` in Python: (lo, mid_lo, mid_hi, hi) for a query block."""
+    """``kernels.key_tiles`` in Python: the key tiles one block of queries visits.
+
+    The kernels' schedule, as :func:`attnlib.flash_triton.tile_counts` counts it and the
+    chapter 11 exercise on causal stages checks it: keys ``lo ... mid_lo - 1`` are
+    masked tiles (the sliding window's edge), ``mid_lo ... mid_hi - 1`` unmasked ones,
+    ``mid_hi ... hi - 1`` masked ones again (the diagonal, the sequence's end); keys at
+    or past ``hi`` and before ``lo`` are skipped.
+
+    Args:
+        start_m: the block's first query row.
+        n_kv: the number of keys.
+        offset: the position of query 0 among the keys (``n_kv - n_q`` bottom-right,
+            0 top-left).
+        window: the sliding window, or None.
+        is_causal: the causal mask.
+        block_m, block_n: queries and keys per tile.
+
+    Returns:
+        ``(lo, mid_lo, mid_hi, hi)``, key positions, ``lo``, ``mid_lo`` and ``mid_hi``
+        multiples of ``block_n``.
+
+    It raises nothing and checks nothing, like the kernel it mirrors:
+    :func:`attnlib.flash_triton.tile_counts` checks the arguments it passes on.
+
+    Source: the three-stage loop of Triton's fused-attention tutorial
+    (``_attn_fwd_inner``'s STAGE), extended to sliding windows.
+    """
     lo, mid_lo, hi = 0, 0, n_kv
     mid_hi = n_kv // block_n * block_n
     if is_causal:
