@@ -36,10 +36,9 @@ from collections.abc import Mapping
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ._validation import check_bool, check_input, check_positive_int, type_name
-from .functional import bottom_right_causal_mask
+from .functional import attention, bottom_right_causal_mask
 from .kv_cache import Cache
 from .positional import RotaryPositionalEmbedding, yarn_mscale
 
@@ -400,10 +399,9 @@ class MultiHeadLatentAttention(nn.Module):
             keys = torch.cat([latents, k_rope], dim=-1).unsqueeze(1)
             # keys: (b, 1, num_tokens_kv, kv_lora_rank + qk_rope_head_dim): one shared head
             values = latents.unsqueeze(1)  # (b, 1, num_tokens_kv, kv_lora_rank)
-            latent_context = F.scaled_dot_product_attention(
+            latent_context, _ = attention(
                 queries, keys.expand(-1, self.num_heads, -1, -1),
-                values.expand(-1, self.num_heads, -1, -1),
-                attn_mask=allowed, scale=self.scale,
+                values.expand(-1, self.num_heads, -1, -1), allowed, scale=self.scale,
             )  # (b, num_heads, num_tokens, kv_lora_rank)
             context_vec = torch.einsum("bhnr,hvr->bhnv", latent_context, w_uv)
             # context_vec: (b, num_heads, num_tokens, v_head_dim)
@@ -416,9 +414,8 @@ class MultiHeadLatentAttention(nn.Module):
             # k_rope_heads: (b, num_heads, num_tokens_kv, qk_rope_head_dim), shared
             queries = torch.cat([q_nope, q_rope], dim=-1)  # (b, num_heads, num_tokens, qk_hd)
             keys = torch.cat([k_nope, k_rope_heads], dim=-1)  # (b, num_heads, N_kv, qk_hd)
-            context_vec = F.scaled_dot_product_attention(
-                queries, keys, values, attn_mask=allowed, scale=self.scale
-            )  # (b, num_heads, num_tokens, v_head_dim)
+            context_vec, _ = attention(queries, keys, values, allowed, scale=self.scale)
+            # context_vec: (b, num_heads, num_tokens, v_head_dim)
         context_vec = context_vec.transpose(1, 2).reshape(
             b, num_tokens, self.num_heads * self.v_head_dim
         )  # (b, num_tokens, num_heads * v_head_dim)

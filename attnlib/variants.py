@@ -24,10 +24,9 @@ from collections.abc import Callable
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ._validation import check_bool, check_positive_int, type_name
-from .functional import bottom_right_causal_mask
+from .functional import attention, bottom_right_causal_mask
 from .kv_cache import KVCache
 from .latent import MultiHeadLatentAttention
 from .linear_attention import GatedDeltaNet, linear_attention
@@ -206,7 +205,8 @@ class TopKAttention(ProjectedAttention):
         kept = top_k_mask(index_scores, self.top_k)  # (b, n, n_kv), True = attend
         # Full attention with the other keys masked: equal to attnlib.sparse's
         # sparse_attention (which gathers the kept keys), and cheaper at this size.
-        return F.scaled_dot_product_attention(queries, keys, values, attn_mask=kept[:, None])
+        context_vec, _ = attention(queries, keys, values, kept[:, None])  # torch's kernel
+        return context_vec
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, top_k={self.top_k}"
@@ -358,7 +358,7 @@ class SharedKVAttention(nn.Module):
             queries = self.rope(queries, offset=num_tokens_kv - n)
         allowed = bottom_right_causal_mask(n, num_tokens_kv, device=x.device)
         # allowed: (n, num_tokens_kv), True = may attend; new queries are the bottom rows
-        context_vec = F.scaled_dot_product_attention(queries, keys, values, attn_mask=allowed)
+        context_vec, _ = attention(queries, keys, values, allowed)  # (b, h, n, d)
         context_vec = context_vec.transpose(1, 2).reshape(b, n, self.d_model)  # (b, n, d_model)
         return self.out_proj(context_vec)
 
