@@ -280,9 +280,10 @@ PREPARE = """(meta) => {
 # own: a new sheet, a line in the contents, a bookmark with its chapters' sections.
 # A collapsed listing of attnlib.show_source is titled "The source of ...", not
 # "Show the source of ...".
-# (2) The API reference is compact on paper: each name's signature and the first
-# paragraph of its docstring, with a note that the web book has the rest (221 of
-# 600 pages before).
+# (2) The API reference is compact on paper: each name's signature, and the first
+# paragraph of each function's and class's docstring (a method's or attribute's is
+# left to the web book), with a note that the web book has the rest (221 of 600
+# pages before; 93 once issue 27 gave the attention classes their public steps).
 PAPER = """() => {
   const text = e => { const c = e.cloneNode(true);
     c.querySelectorAll('.headerlink').forEach(x => x.remove());
@@ -367,7 +368,8 @@ PAPER = """() => {
     if (!page) return;
     page.classList.add('course-api-compact');
     page.querySelectorAll('dl.py > dd').forEach(dd => {
-      let first = true;
+      // A method or attribute (a dl inside a class's dd) keeps its signature only.
+      let first = !dd.parentElement.parentElement.closest('dl.py');
       Array.from(dd.children).forEach(child => {
         if (child.matches('dl.py')) return;  // a method or attribute: its own turn
         if (child.tagName === 'P' && first) { first = false; return; }
@@ -379,8 +381,9 @@ PAPER = """() => {
     if (h2) {
       const note = document.createElement('p');
       note.className = 'course-print-note';
-      note.textContent = 'On paper, each name has its signature and the first paragraph of its '
-        + 'docstring. The web book\\'s API reference, and help() in Python, give the rest: '
+      note.textContent = 'On paper, each name has its signature, and each function and class '
+        + 'the first paragraph of its docstring. The web book\\'s API reference, and help() '
+        + 'in Python, give the rest: '
         + 'each argument, the shapes, the defaults and the errors raised.';
       h2.after(note);
     }
