@@ -196,8 +196,13 @@
     async session(key) {
       if (!this.sessions[key]) {
         const url = this.baseUrl + "models/" + this.meta[key].file;
+        // "basic": constant folding and the like, in ONNX's own operators. The
+        // extended level fuses a MatMul with a Transpose into com.microsoft's
+        // FusedMatMul, which the wasm build has for float32 only: the float64
+        // graphs (attnlib.export) then fail to load.
         this.sessions[key] = this.ort.InferenceSession.create(url, {
           executionProviders: ["wasm"],
+          graphOptimizationLevel: "basic",
         });
       }
       return this.sessions[key];
