@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from ._masks import causal_mask
 from ._validation import check_int, check_positive_int, check_sdpa_inputs, type_name
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "FlashAttentionFunction", "causal_tile_mask", "compute_dtype",
@@ -68,10 +69,11 @@ def causal_tile_mask(q_start: int, q_end: int, kv_start: int, kv_end: int, *,
     ``kv_start ... kv_end - 1``.
 
     The block of :func:`attnlib.functional.causal_mask` (top-left alignment, torch's
-    ``is_causal``) at rows ``q_start:q_end`` and columns ``kv_start:kv_end``, built
-    without the rest of the matrix: query ``i`` sees key ``j`` when ``j <= i``. The
-    tiled loops here mask only the tiles that cross the diagonal, whose first query and
-    first key coincide (``q_start == kv_start``).
+    ``is_causal``) at rows ``q_start:q_end`` and columns ``kv_start:kv_end``: query
+    ``i`` sees key ``j`` when ``j <= i``. It is ``causal_mask`` itself, built from the
+    earlier of the two starts on, so the tiles that the loops here mask, those that
+    cross the diagonal, whose first query and first key coincide
+    (``q_start == kv_start``), get a mask of the tile's size and no more.
 
     Args:
         q_start, q_end: the tile's query positions, ``0 <= q_start <= q_end``.
@@ -96,10 +98,13 @@ def causal_tile_mask(q_start: int, q_end: int, kv_start: int, kv_end: int, *,
         if bounds[end] < bounds[start]:
             raise ValueError(f"{end}={bounds[end]} lies before {start}={bounds[start]}: "
                              f"expected {start} <= {end}")
-    rows, cols = bounds["q_end"] - bounds["q_start"], bounds["kv_end"] - bounds["kv_start"]
-    ones = torch.ones(rows, cols, dtype=torch.bool, device=device)
-    # Key kv_start + c is visible to query q_start + r when c <= r + (q_start - kv_start).
-    return torch.tril(ones, diagonal=bounds["q_start"] - bounds["kv_start"])
+    # The block of causal_mask counted from the earlier start, so that a tile on the
+    # diagonal (q_start == kv_start) gets the whole mask, of the tile's size only.
+    first = min(bounds["q_start"], bounds["kv_start"])
+    mask = causal_mask(bounds["q_end"] - first, bounds["kv_end"] - first, device=device)
+    if bounds["q_start"] == bounds["kv_start"]:
+        return mask
+    return mask[bounds["q_start"] - first:, bounds["kv_start"] - first:]
 
 
 def flash_attention_forward(

@@ -227,8 +227,9 @@ def _head_outputs(
     """What each head of block ``layer`` adds to the residual stream, and its weights.
 
     Returns ``(head_out, attn_weights)``: ``(batch, num_heads, num_tokens,
-    d_model)`` (:func:`_recording_heads`) and ``(batch, num_heads, num_tokens,
-    num_tokens)``, from one forward pass of the model.
+    d_model)``, recorded by :func:`recording_heads` (a hook on ``out_proj``'s
+    input), and ``(batch, num_heads, num_tokens, num_tokens)``, from one forward
+    pass of the model.
     """
     record: list[torch.Tensor] = []
     with recording_heads(_attention(model, layer, "_head_outputs"), record):

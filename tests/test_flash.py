@@ -299,6 +299,13 @@ def test_causal_tile_mask_is_the_block_of_functionals_causal_mask(tile):
     assert torch.equal(got, expected)
 
 
+def test_a_diagonal_tile_mask_is_causal_mask_of_the_tiles_size():
+    # the only tiles the loops mask: built at their own size, not cut from a larger one
+    got = flash.causal_tile_mask(512, 515, 512, 517)
+    assert got.is_contiguous() and got.shape == (3, 5)
+    assert torch.equal(got, attnlib.functional.causal_mask(3, 5))
+
+
 @pytest.mark.parametrize("tile, error, match", [
     ((0, 4, 0, 4.0), TypeError, "kv_end must be an int"),
     ((0, 4, True, 4), TypeError, "kv_start must be an int"),

@@ -103,3 +103,16 @@ def test_the_graph_sees_relative_and_function_level_imports(tmp_path):
 def test_no_module_imports_a_module_that_imports_it():
     found = [sorted(c) for c in circles(import_graph())]
     assert found == [], f"import circles: {found}"
+
+
+def test_the_masks_module_is_a_leaf_that_functional_re_exports():
+    # flash builds its tile masks with causal_mask, and functional imports flash: the
+    # mask builders live in attnlib._masks, below both, and functional re-exports them
+    import attnlib._masks
+    import attnlib.functional
+
+    assert import_graph()["attnlib._masks"] == {"attnlib._validation"}
+    assert "attnlib._masks" in import_graph()["attnlib.flash"]
+    for name in attnlib._masks.__all__:
+        assert name in attnlib.functional.__all__
+        assert getattr(attnlib.functional, name) is getattr(attnlib._masks, name)

@@ -17,6 +17,7 @@ from .._validation import check_positive_int as _check_positive_int
 from .._validation import type_name
 from ..device import get_device
 from ..flash import DEFAULT_BLOCK_SIZE, flash_attention
+from ..functional import causal_mask
 from ..multihead import MultiHeadAttention
 from ._constants import CONTESTANTS
 
@@ -211,8 +212,7 @@ def _torch_mha(w: _Weights, num_heads: int, device: torch.device,
         num_tokens = x.shape[1]
         if num_tokens not in masks:
             # torch.nn.MultiheadAttention's polarity: True = masked out.
-            masks[num_tokens] = torch.ones(
-                num_tokens, num_tokens, dtype=torch.bool, device=x.device).triu(1)
+            masks[num_tokens] = ~causal_mask(num_tokens, device=x.device)
         return torch_mha(x, x, x, attn_mask=masks[num_tokens], is_causal=True,
                          need_weights=False)[0]
 

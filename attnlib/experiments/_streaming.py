@@ -35,7 +35,7 @@ import torch
 
 from .._validation import check_bool, check_int, check_positive_int, type_name
 from ..data import IGNORE_INDEX, induction_batch
-from ..functional import sliding_window_mask
+from ..functional import causal_mask, sliding_window_mask
 from ..gqa import GroupedQueryAttention
 from ..models import TinyTransformer, TransformerBlock
 from ..positional import RotaryPositionalEmbedding
@@ -266,7 +266,8 @@ def _stream_forward(
     positions = torch.arange(n, device=idx.device)
     if num_sink_tokens > 0 and window is not None:
         allowed = allowed.clone()  # (n, n), True = may attend
-        allowed[:, :num_sink_tokens] = positions[:, None] >= positions[None, :num_sink_tokens]
+        # the sink columns see causal attention: key j < s for queries t >= j
+        allowed[:, :num_sink_tokens] = causal_mask(n, device=idx.device)[:, :num_sink_tokens]
         # Inside the cache the query sits at position min(t, s + W - 1).
         query_positions = positions.clamp(max=num_sink_tokens + window - 1)
     max_logits = []
