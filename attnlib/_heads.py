@@ -4,7 +4,9 @@
 from here, below both of them:
 
 * :func:`register_causal_mask` (chapter 5 prints it) and
-  :func:`register_no_mask`: the bool ``mask`` buffer and its loading rule;
+  :func:`register_no_mask`: the bool ``mask`` buffer and its loading rule
+  (the load-state-dict pre-hooks :func:`keep_own_mask` and
+  :func:`drop_incoming_mask`);
 * :func:`resolve_head_dim`, :func:`check_key_padding_mask`,
   :func:`num_cached` and :func:`check_context`: the checks of the
   multi-head modules' arguments, made before any computation.
@@ -35,10 +37,10 @@ def register_causal_mask(module: nn.Module, context_length: int) -> None:
     still fails with torch's usual size-mismatch error).
     """
     module.register_buffer("mask", causal_mask(context_length), persistent=True)
-    module.register_load_state_dict_pre_hook(_keep_own_mask)
+    module.register_load_state_dict_pre_hook(keep_own_mask)
 
 
-def _keep_own_mask(
+def keep_own_mask(
     module: nn.Module,
     state_dict: dict[str, object],
     prefix: str,
@@ -48,6 +50,12 @@ def _keep_own_mask(
     unexpected_keys: list[str],
     error_msgs: list[str],
 ) -> None:
+    """Load-state-dict pre-hook of :func:`register_causal_mask`: keep the module's own mask.
+
+    An incoming ``mask`` of the module's shape, or none at all, is replaced by
+    the module's buffer; one of another shape is left for torch's size check.
+    The arguments are those of ``nn.Module.register_load_state_dict_pre_hook``.
+    """
     # ``load_state_dict`` hands hooks its own shallow copy of the caller's dict,
     # so replacing an entry here does not change the caller's state_dict.
     key = prefix + "mask"
@@ -59,7 +67,7 @@ def _keep_own_mask(
         state_dict[key] = own
 
 
-def _drop_incoming_mask(
+def drop_incoming_mask(
     module: nn.Module,
     state_dict: dict[str, object],
     prefix: str,
@@ -69,6 +77,7 @@ def _drop_incoming_mask(
     unexpected_keys: list[str],
     error_msgs: list[str],
 ) -> None:
+    """Load-state-dict pre-hook of :func:`register_no_mask`: drop an incoming ``mask``."""
     # A module built with mask_buffer=False has no mask: a saved one (fully
     # determined by context_length) is not an unexpected key, it is ignored.
     state_dict.pop(prefix + "mask", None)
@@ -77,7 +86,7 @@ def _drop_incoming_mask(
 def register_no_mask(module: nn.Module) -> None:
     """Register ``mask = None`` (no buffer, no state_dict entry); saved masks are ignored."""
     module.register_buffer("mask", None)
-    module.register_load_state_dict_pre_hook(_drop_incoming_mask)
+    module.register_load_state_dict_pre_hook(drop_incoming_mask)
 
 
 def resolve_head_dim(d_out: int, num_heads: int, head_dim: object) -> int:

@@ -31,10 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ._masks import bottom_right_causal_mask, causal_mask, sliding_window_mask
-from ._validation import check_dim as _check_dim
-from ._validation import check_float_tensor as _check_float_tensor
-from ._validation import check_sdpa_inputs as _check_sdpa_inputs
-from ._validation import type_name
+from ._validation import check_dim, check_float_tensor, check_sdpa_inputs, type_name
 from .flash import flash_attention  # the tiled FlashAttention forward (chapter 8)
 
 __all__ = [
@@ -75,8 +72,8 @@ def softmax_naive(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     Source: the softmax function, e.g. Goodfellow, Bengio and Courville (2016),
     *Deep Learning*, eq. (6.29).
     """
-    _check_float_tensor("x", x)
-    dim = _check_dim(x, dim)
+    check_float_tensor("x", x)
+    dim = check_dim(x, dim)
     if x.shape[dim] == 0:
         return torch.empty_like(x)  # nothing to normalise, as torch.softmax
     exp_x = torch.exp(x)
@@ -105,8 +102,8 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
     Source: Goodfellow, Bengio and Courville (2016), *Deep Learning*, section 4.1.
     """
-    _check_float_tensor("x", x)
-    dim = _check_dim(x, dim)
+    check_float_tensor("x", x)
+    dim = check_dim(x, dim)
     if x.shape[dim] == 0:
         return torch.empty_like(x)  # nothing to normalise, as torch.softmax
     shifted = x - x.amax(dim=dim, keepdim=True)
@@ -137,7 +134,7 @@ def simplified_attention(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Source: the dot-product weighting of Vaswani et al. (2017), "Attention Is
     All You Need", section 3.2.1, with the projections taken to be the identity.
     """
-    _check_float_tensor("x", x)
+    check_float_tensor("x", x)
     if x.ndim not in (2, 3):
         raise ValueError(
             "x must be (num_tokens, d_in) or (batch, num_tokens, d_in), "
@@ -250,7 +247,7 @@ def scaled_dot_product_attention(
     Source: Vaswani et al. (2017), "Attention Is All You Need", eq. (1);
     masking as in section 3.2.3; dropout on the weights as in PyTorch.
     """
-    _check_sdpa_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    check_sdpa_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale)
     num_tokens_q, num_tokens_kv = query.shape[-2], key.shape[-2]
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
@@ -307,8 +304,8 @@ def softmax_with_sinks(attn_scores: torch.Tensor, sinks: torch.Tensor) -> torch.
     (2023), "Efficient Streaming Language Models with Attention Sinks",
     sections 3.1-3.3.
     """
-    _check_float_tensor("attn_scores", attn_scores, min_ndim=4)
-    _check_float_tensor("sinks", sinks)
+    check_float_tensor("attn_scores", attn_scores, min_ndim=4)
+    check_float_tensor("sinks", sinks)
     if attn_scores.ndim != 4 or sinks.shape != (attn_scores.shape[1],):
         raise ValueError(
             "attn_scores must be (batch, num_heads, num_tokens, num_tokens_kv) and sinks "
@@ -470,7 +467,7 @@ def attention(
 def _group_size(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> int:
     """Query heads per key/value head, checked."""
     for name, t in (("queries", queries), ("keys", keys), ("values", values)):
-        _check_float_tensor(name, t, min_ndim=4)
+        check_float_tensor(name, t, min_ndim=4)
         if t.ndim != 4:
             raise ValueError(
                 f"{name} must be (batch, heads, num_tokens, head_dim), got {tuple(t.shape)}"
@@ -520,7 +517,7 @@ def _readable_with_sinks(
     """The readable path with a sink logit per head: :func:`softmax_with_sinks` of the
     scaled, masked scores (rows sum to less than 1), then dropout; keys and values
     already have ``num_heads`` heads."""
-    _check_sdpa_inputs(queries, keys, values, attn_mask, dropout_p, is_causal, scale)
+    check_sdpa_inputs(queries, keys, values, attn_mask, dropout_p, is_causal, scale)
     if scale is None:
         scale = queries.shape[-1] ** -0.5
     attn_scores = (queries @ keys.transpose(-2, -1)) * scale  # (b, num_heads, N_q, N_kv)

@@ -32,38 +32,88 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ._validation import check_int, type_name
-from ._validation import check_positive_int as _check_positive_int
+from ._validation import check_int, check_positive_int, type_name
 
 __all__ = [
+    "sinusoidal_frequencies",
     "sinusoidal_encoding",
     "sinusoidal_offset_matrix",
     "SinusoidalPositionalEncoding",
     "LearnedPositionalEmbedding",
     "RotaryPositionalEmbedding",
     "yarn_mscale",
+    "check_base",
+    "check_float_dtype",
+    "check_tokens",
 ]
 
 
-def _check_base(base: object) -> None:
+def check_base(base: object) -> None:
+    """The ``base`` of a sinusoidal or rotary encoding: a finite positive real number.
+
+    Raises:
+        TypeError: ``base`` is not a real number (bools are refused).
+        ValueError: ``base`` is not finite, or not positive.
+    """
     if isinstance(base, bool) or not isinstance(base, numbers.Real):
         raise TypeError(f"base must be a float, got {type_name(base)}")
     if not (math.isfinite(base) and float(base) > 0):
         raise ValueError(f"base must be a finite positive number, got {base}")
 
 
-def _check_dtype(dtype: object) -> None:
+def check_float_dtype(dtype: object) -> None:
+    """The ``dtype`` of an encoding table: a floating-point ``torch.dtype``.
+
+    Raises:
+        TypeError: ``dtype`` is not a ``torch.dtype``, or not a floating-point one.
+    """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype}")
 
 
-def _frequencies(d_model: int, base: float) -> torch.Tensor:
-    """Angular frequency of each sin/cos pair, in float64: ``(ceil(d_model / 2),)``."""
+def sinusoidal_frequencies(d_model: int, base: float = 10000.0) -> torch.Tensor:
+    """The angular frequency of each sin/cos pair: ``omega_i = 1 / base^(2i / d_model)``.
+
+    :func:`sinusoidal_encoding` turns pair ``i`` by ``omega_i`` radians per
+    position; :class:`RotaryPositionalEmbedding` rotates pair ``i`` of a query or
+    key by the same angles (its ``theta_i``, with ``head_dim`` for ``d_model``).
+
+    Args:
+        d_model: size of the vectors whose pairs turn (``head_dim`` for RoPE).
+        base: the constant that sets the longest wavelength. Default 10000.
+
+    Returns:
+        A float64 tensor ``(ceil(d_model / 2),)``: ``1, base^(-2 / d_model), ...``,
+        on the CPU.
+
+    Raises:
+        TypeError: ``d_model`` is not an int, or ``base`` is not a real number.
+        ValueError: ``d_model`` is not positive, or ``base`` is not finite and
+            positive.
+
+    Source: Vaswani et al. (2017), "Attention Is All You Need", section 3.5;
+    Su et al. (2021), "RoFormer", eq. (15).
+    """
+    check_positive_int("d_model", d_model)
+    check_base(base)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # 0, 2, 4, ...
     return base ** (-two_i / d_model)  # omega_i = 1 / base^(2i / d_model)
 
 
-def _check_tokens(x: object, d_model: int, context_length: int) -> None:
+def check_tokens(x: object, d_model: int, context_length: int) -> None:
+    """The input of a positional module's ``forward``, checked before any computation.
+
+    Args:
+        x: token embeddings, ``(batch, num_tokens, d_model)`` or
+            ``(num_tokens, d_model)``, of a floating-point dtype.
+        d_model: the module's embedding size.
+        context_length: the most tokens ``x`` may have.
+
+    Raises:
+        TypeError: ``x`` is not a tensor, or not of a floating-point dtype.
+        ValueError: ``x`` is not 2- or 3-dimensional, its last dimension is
+            not ``d_model``, or it has more than ``context_length`` tokens.
+    """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type_name(x)}")
     if not x.is_floating_point():
@@ -96,7 +146,8 @@ def sinusoidal_encoding(
     """The fixed sine/cosine position table of the original Transformer.
 
     Row ``pos`` is the encoding of position ``pos``; columns come in pairs that
-    share one frequency ``omega_i = 1 / base^(2i / d_model)``::
+    share one frequency ``omega_i = 1 / base^(2i / d_model)``
+    (:func:`sinusoidal_frequencies`)::
 
         PE[pos, 2i]     = sin(pos * omega_i)
         PE[pos, 2i + 1] = cos(pos * omega_i)
@@ -133,12 +184,12 @@ def sinusoidal_encoding(
     Source: Vaswani et al. (2017), "Attention Is All You Need", section 3.5
     (the ``PE`` equations).
     """
-    _check_positive_int("num_positions", num_positions)
-    _check_positive_int("d_model", d_model)
-    _check_base(base)
-    _check_dtype(dtype)
+    check_positive_int("num_positions", num_positions)
+    check_positive_int("d_model", d_model)
+    check_base(base)
+    check_float_dtype(dtype)
     positions = torch.arange(num_positions, dtype=torch.float64)
-    omegas = _frequencies(d_model, base)  # (ceil(d_model / 2),)
+    omegas = sinusoidal_frequencies(d_model, base)  # (ceil(d_model / 2),)
     angles = positions[:, None] * omegas[None, :]  # (num_positions, ceil(d_model / 2))
     encoding = torch.empty(num_positions, d_model, dtype=torch.float64)
     encoding[:, 0::2] = torch.sin(angles)
@@ -188,15 +239,15 @@ def sinusoidal_offset_matrix(
     """
     if isinstance(offset, bool) or not isinstance(offset, int):
         raise TypeError(f"offset must be an int, got {type_name(offset)}")
-    _check_positive_int("d_model", d_model)
+    check_positive_int("d_model", d_model)
     if d_model % 2 != 0:
         raise ValueError(
             f"d_model={d_model} is odd: the last sine has no cosine partner, so no "
             "linear map moves it; use an even d_model"
         )
-    _check_base(base)
-    _check_dtype(dtype)
-    angles = offset * _frequencies(d_model, base)  # (d_model / 2,)
+    check_base(base)
+    check_float_dtype(dtype)
+    angles = offset * sinusoidal_frequencies(d_model, base)  # (d_model / 2,)
     cos, sin = torch.cos(angles), torch.sin(angles)
     matrix = torch.zeros(d_model, d_model, dtype=torch.float64)
     idx = torch.arange(0, d_model, 2)
@@ -258,8 +309,8 @@ class SinusoidalPositionalEncoding(nn.Module):
         device: torch.device | str | None = None,
     ):
         super().__init__()
-        _check_positive_int("d_model", d_model)
-        _check_positive_int("context_length", context_length)
+        check_positive_int("d_model", d_model)
+        check_positive_int("context_length", context_length)
         table = sinusoidal_encoding(context_length, d_model, base, dtype=dtype, device=device)
         self.d_model = d_model
         self.context_length = context_length
@@ -267,7 +318,7 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.register_buffer("encoding", table, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_tokens(x, self.d_model, self.context_length)
+        check_tokens(x, self.d_model, self.context_length)
         if x.device != self.encoding.device:
             raise ValueError(
                 f"x is on {x.device} but the encoding is on {self.encoding.device}; "
@@ -328,16 +379,16 @@ class LearnedPositionalEmbedding(nn.Module):
         device: torch.device | str | None = None,
     ):
         super().__init__()
-        _check_positive_int("context_length", context_length)
-        _check_positive_int("d_model", d_model)
+        check_positive_int("context_length", context_length)
+        check_positive_int("d_model", d_model)
         if dtype is not None:
-            _check_dtype(dtype)
+            check_float_dtype(dtype)
         self.context_length = context_length
         self.d_model = d_model
         self.embedding = nn.Embedding(context_length, d_model, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_tokens(x, self.d_model, self.context_length)
+        check_tokens(x, self.d_model, self.context_length)
         weight = self.embedding.weight
         if x.dtype != weight.dtype:
             raise TypeError(f"x has dtype {x.dtype} but the embedding table has {weight.dtype}")
@@ -484,9 +535,9 @@ class RotaryPositionalEmbedding(nn.Module):
         *,
         scaling: Mapping[str, object] | None = None,
     ) -> None:
-        _check_positive_int("head_dim", head_dim)
-        _check_positive_int("context_length", context_length)
-        _check_base(base)
+        check_positive_int("head_dim", head_dim)
+        check_positive_int("context_length", context_length)
+        check_base(base)
         if head_dim % 2 != 0:
             raise ValueError(
                 f"head_dim={head_dim} must be even: RoPE rotates pairs of components"
@@ -619,14 +670,14 @@ def _scaled_frequencies(
     """``(inv_freq, attention_scaling)``: the ``(head_dim // 2,)`` float64 angle per
     position of each pair, and the factor on cos and sin, for a checked ``scaling``."""
     rope_type = scaling["rope_type"]
-    theta = _frequencies(head_dim, base)  # base^(-2i / head_dim)
+    theta = sinusoidal_frequencies(head_dim, base)  # base^(-2i / head_dim)
     if rope_type == "default":
         return theta, 1.0
     factor = float(scaling["factor"])
     if rope_type == "linear":  # position interpolation: position m acts as m / factor
         return theta / factor, 1.0
     if rope_type == "ntk":  # NTK-aware: a larger base, so the lowest frequency is divided by factor
-        return _frequencies(head_dim, base * factor ** (head_dim / (head_dim - 2))), 1.0
+        return sinusoidal_frequencies(head_dim, base * factor ** (head_dim / (head_dim - 2))), 1.0
     original = float(scaling["original_max_position_embeddings"])
     wavelength = 2 * math.pi / theta  # positions per turn of each pair
     if rope_type == "llama3":

@@ -12,7 +12,11 @@ from attnlib.positional import (
     LearnedPositionalEmbedding,
     RotaryPositionalEmbedding,
     SinusoidalPositionalEncoding,
+    check_base,
+    check_float_dtype,
+    check_tokens,
     sinusoidal_encoding,
+    sinusoidal_frequencies,
     sinusoidal_offset_matrix,
 )
 
@@ -195,6 +199,41 @@ def test_offset_matrix_errors():
         sinusoidal_offset_matrix(1.5, 4)
     with pytest.raises(ValueError, match="d_model must be a positive int, got d_model=0"):
         sinusoidal_offset_matrix(1, 0)
+
+
+def test_frequencies_are_the_encodings_and_ropes():
+    omegas = sinusoidal_frequencies(6, 100.0)
+    assert omegas.dtype == torch.float64 and omegas.shape == (3,)
+    torch.testing.assert_close(omegas, torch.tensor([1.0, 100.0 ** (-2 / 6), 100.0 ** (-4 / 6)],
+                                                    dtype=torch.float64), rtol=1e-15, atol=0)
+    # column 2i of the table turns omega_i radians per position (odd d_model: 3 pairs)
+    pe = sinusoidal_encoding(4, 5, 100.0, dtype=torch.float64)
+    angles = torch.arange(4, dtype=torch.float64)[:, None] * sinusoidal_frequencies(5, 100.0)
+    torch.testing.assert_close(pe[:, 0::2], torch.sin(angles))
+    rope = RotaryPositionalEmbedding(head_dim=6, context_length=3, base=100.0)
+    torch.testing.assert_close(rope.cos[1, :3].double(), torch.cos(omegas), atol=1e-7, rtol=0)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: sinusoidal_frequencies(0), ValueError, "d_model must be a positive int"),
+    (lambda: sinusoidal_frequencies(4, True), TypeError, "base must be a float, got bool"),
+    (lambda: check_base(float("inf")), ValueError, "base must be a finite positive number"),
+    (lambda: check_base(-1), ValueError, "base must be a finite positive number, got -1"),
+    (lambda: check_float_dtype(torch.int64), TypeError,
+     "dtype must be a floating-point torch.dtype, got torch.int64"),
+    (lambda: check_tokens(torch.zeros(2, 5), 4, 8), ValueError, "d_model=4"),
+    (lambda: check_tokens(torch.zeros(9, 4), 4, 8), ValueError, "more than context_length=8"),
+    (lambda: check_tokens(torch.zeros(1, 2, 3, 4), 4, 8), ValueError, "got shape"),
+    (lambda: check_tokens([0.0], 4, 8), TypeError, "x must be a torch.Tensor, got list"),
+])
+def test_the_public_checks_refuse_bad_input(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_the_public_checks_pass_good_input():
+    assert check_base(10000) is None and check_float_dtype(torch.bfloat16) is None
+    assert check_tokens(torch.zeros(3, 8, 4), 4, 8) is None
 
 
 # ---------------------------------------------------------------- SinusoidalPositionalEncoding

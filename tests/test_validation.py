@@ -134,7 +134,7 @@ def test_no_message_names_a_type_by_its_bare_name():
 
 def test_sdpa_inputs_are_checked_in_one_place():
     # the reference and the tiled FlashAttention share one checker, so one message
-    assert AF._check_sdpa_inputs is V.check_sdpa_inputs
+    assert AF.check_sdpa_inputs is V.check_sdpa_inputs
     q = torch.randn(1, 3, 4)
     for fn in (AF.scaled_dot_product_attention, AF.flash_attention):
         with pytest.raises(ValueError, match="query and key must have the same d_k"):

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._validation import check_bool, check_int, type_name
-from .._validation import check_float_tensor as _check_float_tensor
+from .._validation import check_bool, check_float_tensor, check_int, type_name
 from ..functional import softmax
 from ._common import DTYPE
 
@@ -407,7 +406,7 @@ def softmax_jacobian(attn_weights: torch.Tensor) -> torch.Tensor:
     Source: the softmax derivative, e.g. Goodfellow, Bengio and Courville
     (2016), *Deep Learning*, section 6.2.2.3.
     """
-    _check_float_tensor("attn_weights", attn_weights)
+    check_float_tensor("attn_weights", attn_weights)
     # w w^T, one outer product per slice: (..., num_tokens, num_tokens)
     outer = attn_weights.unsqueeze(-1) * attn_weights.unsqueeze(-2)
     return torch.diag_embed(attn_weights) - outer
