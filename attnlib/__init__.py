@@ -87,7 +87,7 @@ from .positional import (
 from .source import expect, show_source
 from .viz import plot_attention
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 __all__ = [
     "CausalAttention",
