@@ -372,9 +372,16 @@ def test_checkers_leave_the_random_state_alone_and_use_the_answers_name(check, a
 
 
 def test_probes_unit_keys_and_decay_in_range():
-    from attnlib.exercises.beyond import _delta_probes
+    # The arguments check_delta_rule_step passes, recorded by a right answer.
+    probes = []
 
-    for _, _, key, _, beta, g in _delta_probes():
+    def recording(*args):
+        probes.append([arg.clone() for arg in args])
+        return right_step(*args)
+
+    assert check_delta_rule_step(recording) is True
+    assert len(probes) == 3
+    for _, _, key, _, beta, g in probes:
         torch.testing.assert_close(key.norm(dim=-1), torch.ones_like(beta))
         assert bool((g < 0).all() and (beta > 0).all() and (beta < 1).all())
         assert torch.allclose(F.normalize(key, dim=-1), key)

@@ -91,7 +91,8 @@ def test_lse_merge_accepts_logaddexp():
     assert check_lse_merge(with_logaddexp) is True
 
 
-@pytest.mark.parametrize(("wrong", "named"), [
+#: The mistakes check_lse_merge recognises, one each, with the words of its message.
+RECOGNISED_MERGES = [
     pytest.param(learner_merge(weights="equal"), "averages the two outputs", id="equal"),
     pytest.param(learner_merge(weights="lse"), "log-sum-exps themselves", id="lse-weights"),
     pytest.param(learner_merge(normalise=False), "does not divide by the sum of the weights",
@@ -114,6 +115,11 @@ def test_lse_merge_accepts_logaddexp():
                  id="global-max"),
     pytest.param(learner_merge(stable="min"), "by the smaller of the two log-sum-exps",
                  id="shift-min"),
+]
+
+
+@pytest.mark.parametrize(("wrong", "named"), [
+    *RECOGNISED_MERGES,
     pytest.param(lambda oa, la, ob, lb: (
         torch.nan_to_num((torch.exp(la) * oa + torch.exp(lb) * ob) / (torch.exp(la)
                                                                       + torch.exp(lb))),
@@ -138,15 +144,21 @@ def test_lse_merge_names_each_wrong_answer(wrong, named):
     assert "/ (w_a + w_b)" not in str(failure.value)
 
 
-def test_lse_merge_messages_point_to_the_section():
-    from attnlib.exercises.distributed import _merge_probes, _merge_wrong_answers
-
-    messages = list(_merge_wrong_answers(*_merge_probes()[0][0]))
+def test_lse_merge_names_each_recognised_mistake_apart_and_points_to_the_section():
+    # Twelve mistakes, twelve messages: no two recognised mistakes get the same one, and
+    # none spells out the merge's weights; each sends the learner to the section.
+    messages = set()
+    for param in RECOGNISED_MERGES:
+        with pytest.raises(CheckFailed) as failure:
+            check_lse_merge(param.values[0])
+        message = str(failure.value)
+        assert message.endswith("See 'The merge is the online softmax' in this chapter."), (
+            param.id)
+        assert "w_a * out_a" not in message and "exp(lse_b - m)" not in message, param.id
+        # The mistake's words, without the answer's name before them or the probe after.
+        messages.add(message.split("(out_a, lse_a, out_b, lse_b) ", 1)[1].split(" (seen on ")[0])
+    assert len(RECOGNISED_MERGES) == 12
     assert len(messages) == 12
-    assert not any("w_a * out_a" in message or "exp(lse_b - m)" in message
-                   for message in messages)
-    with pytest.raises(CheckFailed, match="See 'The merge is the online softmax'"):
-        check_lse_merge(learner_merge(weights="equal"))
 
 
 # ---------------------------------------------------------------------------

@@ -14,7 +14,6 @@ import torch
 
 import attnlib
 from attnlib.exercises import CheckFailed, check_flash_attention, check_online_softmax
-from attnlib.exercises.efficient import _online_softmax_variant, _tiled_variant
 
 # ---------------------------------------------------------------------------
 # check_online_softmax
@@ -33,24 +32,36 @@ def book_online_softmax(x):
     return torch.exp(x - running_max.unsqueeze(-1)) / running_sum.unsqueeze(-1)
 
 
-def learner_online_softmax(initial_max=-math.inf, max_first=False, clamp=None):
+def learner_online_softmax(initial_max=-math.inf, max_first=False, clamp=None,
+                           rescale="right", final_max=True):
     """A learner's one-pass softmax, right or with one slip. ``clamp``: divide by
-    ``running_sum.clamp(min=clamp)``, a guard against 0 / 0 some learners add."""
+    ``running_sum.clamp(min=clamp)``, a guard against 0 / 0 some learners add.
+    ``rescale``: the factor of the running sum when the maximum grows, "right"
+    exp(m_old - m_new), "none" 1, "inverted" exp(m_new - m_old). ``final_max=False``:
+    each numerator uses the maximum known when its entry was read."""
     def my_online_softmax(x):
         running_max = torch.full(x.shape[:-1], initial_max, dtype=x.dtype)
         running_sum = torch.zeros(x.shape[:-1], dtype=x.dtype)
+        max_when_read = torch.empty_like(x)
         for j in range(x.shape[-1]):
             if max_first:  # the maximum is updated before the factor is computed
                 running_max = torch.maximum(running_max, x[..., j])
                 new_max = running_max
             else:
                 new_max = torch.maximum(running_max, x[..., j])
-            running_sum = running_sum * torch.exp(running_max - new_max) + torch.exp(
-                x[..., j] - new_max)
+            if rescale == "none":
+                factor = torch.ones_like(new_max)
+            elif rescale == "inverted":  # exp(m_new - -inf) = inf at j = 0, times a sum of 0
+                factor = torch.exp(new_max - running_max).nan_to_num(posinf=0.0)
+            else:
+                factor = torch.exp(running_max - new_max)
+            running_sum = running_sum * factor + torch.exp(x[..., j] - new_max)
             running_max = new_max
+            max_when_read[..., j] = new_max
         if clamp is not None:
             running_sum = running_sum.clamp(min=clamp)
-        return torch.exp(x - running_max.unsqueeze(-1)) / running_sum.unsqueeze(-1)
+        shift = running_max.unsqueeze(-1) if final_max else max_when_read
+        return torch.exp(x - shift) / running_sum.unsqueeze(-1)
     return my_online_softmax
 
 
@@ -62,17 +73,17 @@ def test_online_softmax_accepts_the_book_solution(capsys):
 def test_online_softmax_accepts_the_references():
     assert check_online_softmax(lambda x: torch.softmax(x, dim=-1)) is True
     assert check_online_softmax(attnlib.softmax) is True
-    assert check_online_softmax(_online_softmax_variant) is True
+    assert check_online_softmax(learner_online_softmax()) is True
 
 
 @pytest.mark.parametrize(
     ("wrong", "named"),
     [
-        pytest.param(lambda x: _online_softmax_variant(x, rescale="none"),
+        pytest.param(learner_online_softmax(rescale="none"),
                      "forgets to rescale the running sum", id="no-rescale"),
-        pytest.param(lambda x: _online_softmax_variant(x, rescale="inverted"),
+        pytest.param(learner_online_softmax(rescale="inverted"),
                      "inverse of the right factor", id="inverted-rescale"),
-        pytest.param(lambda x: _online_softmax_variant(x, final_max=False),
+        pytest.param(learner_online_softmax(final_max=False),
                      "FINAL maximum", id="max-when-read"),
         pytest.param(lambda x: torch.softmax(x, dim=0), "wrong dimension", id="wrong-dim"),
         pytest.param(lambda x: torch.exp(x - x.amax(-1, keepdim=True)),
@@ -165,14 +176,17 @@ def book_tiled_attention(query, key, value, is_causal=False, block_size=4):
 
 
 def learner_tiled(initial_max=-math.inf, hide="future", divide=True, max_first=False,
-                  guard=False, fill=-math.inf):
+                  guard=False, fill=-math.inf, rescale_acc=True, rescale_sum=True, scale=None):
     """A learner's tiled attention written independently of the checker, right or with one slip.
 
     ``hide`` (with is_causal): "future" hides j > i (right); "diagonal-too" j >= i;
     "past" j <= i (the may-attend mask used as the hide mask); "past-strict" j < i;
-    "tile-local" compares the key's index inside its tile with i. ``guard``: a row
+    "tile-local" compares the key's index inside its tile with i; "bottom-right" hides
+    j > i + num_tokens_kv - num_tokens_q. ``guard``: a row
     whose running maximum is still -inf subtracts 0 instead (no nan from -inf - -inf).
     ``fill``: the score a hidden key gets (a finite -1e9 in many kernels).
+    ``rescale_acc``/``rescale_sum=False``: the running output/sum is not multiplied by
+    exp(m_old - m_new). ``scale``: the scores' factor (default 1/sqrt(d_k)).
     """
     def my_tiled_attention(query, key, value, is_causal=False, block_size=4):
         *lead, num_tokens_q, d_k = query.shape
@@ -180,14 +194,16 @@ def learner_tiled(initial_max=-math.inf, hide="future", divide=True, max_first=F
         row_sum = torch.zeros((*lead, num_tokens_q, 1), dtype=query.dtype)
         acc = torch.zeros((*lead, num_tokens_q, value.shape[-1]), dtype=query.dtype)
         i = torch.arange(num_tokens_q).unsqueeze(-1)
+        factor = 1 / math.sqrt(d_k) if scale is None else scale
         for start in range(0, key.shape[-2], block_size):
             k_block = key[..., start:start + block_size, :]
             v_block = value[..., start:start + block_size, :]
-            scores = query @ k_block.transpose(-2, -1) / math.sqrt(d_k)
+            scores = query @ k_block.transpose(-2, -1) * factor
             if is_causal:
                 j = torch.arange(start, start + k_block.shape[-2])
                 hidden = {"future": j > i, "diagonal-too": j >= i, "past": j <= i,
                           "past-strict": j < i,
+                          "bottom-right": j > i + key.shape[-2] - num_tokens_q,
                           "tile-local": torch.arange(k_block.shape[-2]) > i}[hide]
                 scores = scores.masked_fill(hidden, fill)
             if max_first:
@@ -196,13 +212,17 @@ def learner_tiled(initial_max=-math.inf, hide="future", divide=True, max_first=F
             shift = new_max.nan_to_num(neginf=0.0) if guard else new_max
             probs = torch.exp(scores - shift)
             rescale = torch.exp(row_max - shift)
-            row_sum = row_sum * rescale + probs.sum(dim=-1, keepdim=True)
-            acc = acc * rescale + probs @ v_block
+            row_sum = row_sum * (rescale if rescale_sum else 1) + probs.sum(dim=-1, keepdim=True)
+            acc = acc * (rescale if rescale_acc else 1) + probs @ v_block
             row_max = new_max
         if not divide:
             return acc
         return acc / row_sum.clamp_min(1e-300) if guard else acc / row_sum
     return my_tiled_attention
+
+
+#: A right tiled attention (the learner's loop without a slip).
+RIGHT_TILED = learner_tiled()
 
 
 def per_tile_softmax(query, key, value, is_causal=False, block_size=4):
@@ -229,13 +249,6 @@ def test_flash_accepts_attnlib_and_torch():
     assert check_flash_attention(
         lambda q, k, v, is_causal, block_size: torch.nn.functional.scaled_dot_product_attention(
             q, k, v, is_causal=is_causal)) is True
-    assert check_flash_attention(_tiled_variant) is True
-
-
-def _wrong(**kwargs):
-    def fn(query, key, value, is_causal=False, block_size=4):
-        return _tiled_variant(query, key, value, is_causal, block_size, **kwargs)
-    return fn
 
 
 def _no_max(query, key, value, is_causal=False, block_size=4):
@@ -250,29 +263,28 @@ def _no_max(query, key, value, is_causal=False, block_size=4):
 @pytest.mark.parametrize(
     ("wrong", "named"),
     [
-        pytest.param(_wrong(rescale_acc=False), "rescale the running OUTPUT", id="no-acc-rescale"),
-        pytest.param(_wrong(rescale_sum=False), "rescale the running SUM", id="no-sum-rescale"),
-        pytest.param(_wrong(rescale_acc=False, rescale_sum=False), "rescales neither",
+        pytest.param(learner_tiled(rescale_acc=False), "rescale the running OUTPUT",
+                     id="no-acc-rescale"),
+        pytest.param(learner_tiled(rescale_sum=False), "rescale the running SUM",
+                     id="no-sum-rescale"),
+        pytest.param(learner_tiled(rescale_acc=False, rescale_sum=False), "rescales neither",
                      id="no-rescale"),
-        pytest.param(_wrong(scale=1.0), "does not scale the scores", id="no-scale"),
-        pytest.param(_wrong(scale=0.5), r"1/sqrt\(d_v\)", id="sqrt-d_v"),
-        pytest.param(lambda q, k, v, is_causal, block_size: _tiled_variant(q, k, v, False,
-                                                                           block_size),
+        pytest.param(learner_tiled(scale=1.0), "does not scale the scores", id="no-scale"),
+        pytest.param(learner_tiled(scale=0.5), r"1/sqrt\(d_v\)", id="sqrt-d_v"),
+        pytest.param(lambda q, k, v, is_causal, block_size: RIGHT_TILED(q, k, v, False,
+                                                                        block_size),
                      "ignores is_causal=True", id="causal-ignored"),
-        pytest.param(lambda q, k, v, is_causal, block_size: _tiled_variant(
-            q, k, v, is_causal, block_size,
-            causal_offset=k.shape[-2] - q.shape[-2] if is_causal else 0),
-            "bottom-right", id="bottom-right"),
+        pytest.param(learner_tiled(hide="bottom-right"), "bottom-right", id="bottom-right"),
         pytest.param(_no_max, "overflows", id="overflow"),
-        pytest.param(lambda q, k, v, is_causal, block_size: _tiled_variant(
+        pytest.param(lambda q, k, v, is_causal, block_size: RIGHT_TILED(
             q.mul_(1.0), k.add_(0.0).mul_(1.0000001), v, is_causal, block_size),
             "changed key in place", id="in-place"),
-        pytest.param(lambda q, k, v, is_causal, block_size: _tiled_variant(
+        pytest.param(lambda q, k, v, is_causal, block_size: RIGHT_TILED(
             q, k, v, is_causal, block_size).transpose(-2, -1), "returned shape",
             id="wrong-shape"),
         pytest.param(lambda q, k, v, is_causal, block_size: (
-            _tiled_variant(q, k, v, is_causal, block_size), None), "tuple", id="tuple"),
-        pytest.param(lambda q, k, v, is_causal, block_size: _tiled_variant(
+            RIGHT_TILED(q, k, v, is_causal, block_size), None), "tuple", id="tuple"),
+        pytest.param(lambda q, k, v, is_causal, block_size: RIGHT_TILED(
             q, k, v, is_causal, block_size) * 1.01, "differs from softmax", id="something-else"),
         pytest.param(learner_tiled(initial_max=0.0), "starts the running maximum at 0",
                      id="max-starts-at-0"),
@@ -331,7 +343,7 @@ def test_flash_nonsense_and_stub():
         check_flash_attention(stub)
 
     def no_block_size(query, key, value, is_causal=False):
-        return _tiled_variant(query, key, value, is_causal, 4)
+        return RIGHT_TILED(query, key, value, is_causal, 4)
 
     with pytest.raises(CheckFailed, match="unexpected keyword argument 'block_size'"):
         check_flash_attention(no_block_size)

@@ -31,7 +31,6 @@ from attnlib.exercises import (  # noqa: E402
     check_delta_kernel,
     check_logsumexp_kernel,
 )
-from attnlib.exercises.kernel import _largest_block  # noqa: E402
 
 # ---------------------------------------------------------------------------
 # check_logsumexp_kernel: the book's solution and one kernel per mistake
@@ -372,7 +371,10 @@ def test_the_python_global_kernel_is_right_under_the_interpreter():
 @pytest.mark.parametrize(
     ("kernel", "named"),
     [
-        pytest.param(lse_no_mask, "loads past the row's end.*no edge mask", id="no-mask"),
+        # The guard values past the row's end are finite: a load without its mask moves
+        # the log-sum-exp by a number the checker can name, not to inf or nan.
+        pytest.param(lse_no_mask, r"loads past the row's end.*guard values, [0-9.]+\).*"
+                                  "no edge mask", id="no-mask"),
         pytest.param(lse_other_zero, r"fills the masked lanes .* with 0\.0", id="other-zero"),
         pytest.param(lse_off_by_one, "reads one entry past.*cols <= num_cols",
                      id="off-by-one"),
@@ -710,31 +712,60 @@ def test_block_size_accepts_the_book_solution(capsys):
     assert check_block_size(book_largest_block) is True
     assert capsys.readouterr().out.startswith("Correct: book_largest_block picks")
     assert check_block_size(learner_block()) is True
-    assert check_block_size(lambda *probe: _largest_block(*probe)) is True
+
+
+def block_probes():
+    """The (head_dim, element_size, num_stages, shared_memory_bytes) check_block_size
+    asks about, recorded by the book's solution through the checker's public call."""
+    probes = []
+
+    def recording(*probe):
+        probes.append(probe)
+        return book_largest_block(*probe)
+
+    assert check_block_size(recording) is True
+    return probes
 
 
 def test_block_size_probes_match_the_compiler_numbers_in_the_chapter():
     # head_dim 128, bfloat16, 3 stages: 128 x 128 tiles take 229376 bytes (the compiler's
     # figure for the forward kernel on sm_90), within the 232448 bytes a program may use.
-    assert _largest_block(128, 2, 3, 232448) == 128
-    assert _largest_block(128, 2, 4, 232448) == 64
-    assert _largest_block(128, 2, 3, 229375) == 64
+    probes = block_probes()
+    assert (128, 2, 3, 232448) in probes and (128, 2, 3, 229376) in probes
+    assert book_largest_block(128, 2, 3, 232448) == 128
+    assert book_largest_block(128, 2, 4, 232448) == 64
+    assert book_largest_block(128, 2, 3, 229375) == 64
+
+    # The checker expects 128 there too: an answer wrong at that probe alone is refused.
+    def one_step_short(*probe):
+        return 64 if probe == (128, 2, 3, 232448) else book_largest_block(*probe)
+
+    with pytest.raises(CheckFailed, match=r"\(head_dim=128, element_size=2, num_stages=3, "
+                                          r"shared_memory_bytes=232448\) returned 64, but a "
+                                          "larger block still fits"):
+        check_block_size(one_step_short)
+
+
+#: The mistakes check_block_size recognises, one learner's answer each.
+RECOGNISED_BLOCK_MISTAKES = [
+    pytest.param(learner_block(stages=False), "counts one K tile and one V tile",
+                 id="no-stages"),
+    pytest.param(learner_block(kv=1), "counts the K tiles but not the V tiles", id="no-v"),
+    pytest.param(learner_block(q=0), "leaves out the Q tile", id="no-q"),
+    pytest.param(learner_block(q="per-stage"), "multiplies the Q tile by num_stages",
+                 id="q-per-stage"),
+    pytest.param(learner_block(bits=True), "counts bits, not bytes", id="bits"),
+    pytest.param(learner_block(strict=True), "fill shared memory exactly.*equality included",
+                 id="strict"),
+    pytest.param(learner_block(power_of_two=False), "not a power of two",
+                 id="not-a-power-of-two"),
+]
 
 
 @pytest.mark.parametrize(
     ("answer", "named"),
     [
-        pytest.param(learner_block(stages=False), "counts one K tile and one V tile",
-                     id="no-stages"),
-        pytest.param(learner_block(kv=1), "counts the K tiles but not the V tiles", id="no-v"),
-        pytest.param(learner_block(q=0), "leaves out the Q tile", id="no-q"),
-        pytest.param(learner_block(q="per-stage"), "multiplies the Q tile by num_stages",
-                     id="q-per-stage"),
-        pytest.param(learner_block(bits=True), "counts bits, not bytes", id="bits"),
-        pytest.param(learner_block(strict=True), "fill shared memory exactly.*equality included",
-                     id="strict"),
-        pytest.param(learner_block(power_of_two=False), "not a power of two",
-                     id="not-a-power-of-two"),
+        *RECOGNISED_BLOCK_MISTAKES,
         pytest.param(lambda d, e, s, limit: 64, r"returned 64, but a larger block still "
                                                 r"fits there; the answers match none",
                      id="constant"),
@@ -761,7 +792,7 @@ def test_block_size_names_each_wrong_answer(answer, named):
 
 
 def test_block_size_accepts_an_integer_tensor():
-    assert check_block_size(lambda *probe: (None if (b := _largest_block(*probe)) is None
+    assert check_block_size(lambda *probe: (None if (b := book_largest_block(*probe)) is None
                                             else torch.tensor(b))) is True
 
 
@@ -781,12 +812,13 @@ def test_block_size_accepts_any_integer_type(integer):
 def test_block_size_messages_give_away_neither_the_block_nor_the_count():
     # The fallback says too large or too small, and each named mistake points to the
     # chapter's count, without the count's formula or the expected block.
-    from attnlib.exercises import kernel
-
-    messages = [message for message, _ in kernel._block_wrong_answers()]
-    with pytest.raises(CheckFailed) as failure:
-        check_block_size(lambda d, e, s, limit: 64)
-    messages.append(str(failure.value))
+    messages = []
+    for answer in [param.values[0] for param in RECOGNISED_BLOCK_MISTAKES] + [
+            lambda d, e, s, limit: 64]:
+        with pytest.raises(CheckFailed) as failure:
+            check_block_size(answer)
+        messages.append(str(failure.value))
+    assert len(set(messages)) == len(messages)
     for message in messages:
         assert "2 * num_stages" not in message and "(B +" not in message
         assert "largest block that fits is" not in message
@@ -856,9 +888,8 @@ def test_without_the_interpreter_a_cpu_check_says_how_to_switch_it_on(tmp_path):
 def test_the_probes_keep_every_mistake_apart():
     # Each message names one mistake: on the probes, no two mistakes give the same answers,
     # and none gives the right one.
-    from attnlib.exercises import kernel
-
-    expected = [_largest_block(*probe) for probe in kernel._BLOCK_PROBES]
-    answers = [tuple(wrong) for _, wrong in kernel._block_wrong_answers()]
-    assert len(set(answers)) == len(answers) and tuple(expected) not in answers
-    assert math.isfinite(kernel._LSE_GUARD)
+    probes = block_probes()
+    expected = tuple(book_largest_block(*probe) for probe in probes)
+    answers = [tuple(param.values[0](*probe) for probe in probes)
+               for param in RECOGNISED_BLOCK_MISTAKES]
+    assert len(set(answers)) == len(answers) and expected not in answers

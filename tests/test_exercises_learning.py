@@ -11,7 +11,6 @@ import torch
 
 from attnlib.exercises import CheckFailed, check_prefix_matching_score
 from attnlib.exercises._common import is_close
-from attnlib.exercises.learning import _probes, _wrong_answers
 from attnlib.training import prefix_matching_score
 
 
@@ -87,57 +86,75 @@ def test_the_loop_helper_without_mistakes_is_right():
     assert check_prefix_matching_score(scored) is True
 
 
-@pytest.mark.parametrize(
-    ("wrong", "named"),
-    [
-        pytest.param(lambda w, x: scored(w, x, key_shift=0), "EARLIER OCCURRENCE itself",
-                     id="duplicate-token-key"),
-        pytest.param(lambda w, x: w.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2)),
-                     "previous-token score", id="previous-token"),
-        pytest.param(lambda w, x: scored(w, x, average="all"), "averaged over EVERY query",
-                     id="all-queries"),
-        pytest.param(lambda w, x: scored(w, x, average="sum"), "divided by nothing",
-                     id="sum-not-mean"),
-        pytest.param(lambda w, x: scored(w, x, average="rows"), "averaged each sequence first",
-                     id="per-row-mean"),
-        pytest.param(lambda w, x: scored(w, x, last_only=True), "MOST RECENT earlier occurrence",
-                     id="most-recent-only"),
-        pytest.param(lambda w, x: scored(w, x, first_only=True), "FIRST earlier occurrence",
-                     id="first-only"),
-        pytest.param(lambda w, x: scored(w, x, reduce="max"), "LARGEST weight among",
-                     id="max-over-targets"),
-        pytest.param(lambda w, x: scored(w, x, reduce="mean"), "AVERAGED the weights on",
-                     id="mean-over-targets"),
-        pytest.param(lambda w, x: scored(w, x, strict=False), "its own earlier occurrence",
-                     id="s-le-t"),
-        pytest.param(lambda w, x: scored(w, x, later_too=True), "also matched LATER",
-                     id="later-occurrences"),
-        pytest.param(lambda w, x: scored(w, x, transpose=True), "rows and columns are swapped",
-                     id="transposed"),
-    ],
-)
+#: Every wrong answer the checker recognises, with the words of its message.
+RECOGNISED_WRONG_ANSWERS = [
+    pytest.param(lambda w, x: scored(w, x, key_shift=0), "EARLIER OCCURRENCE itself",
+                 id="duplicate-token-key"),
+    pytest.param(lambda w, x: w.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2)),
+                 "previous-token score", id="previous-token"),
+    pytest.param(lambda w, x: scored(w, x, average="all"), "averaged over EVERY query",
+                 id="all-queries"),
+    pytest.param(lambda w, x: scored(w, x, average="sum"), "divided by nothing",
+                 id="sum-not-mean"),
+    pytest.param(lambda w, x: scored(w, x, average="rows"), "averaged each sequence first",
+                 id="per-row-mean"),
+    pytest.param(lambda w, x: scored(w, x, last_only=True), "MOST RECENT earlier occurrence",
+                 id="most-recent-only"),
+    pytest.param(lambda w, x: scored(w, x, first_only=True), "FIRST earlier occurrence",
+                 id="first-only"),
+    pytest.param(lambda w, x: scored(w, x, reduce="max"), "LARGEST weight among",
+                 id="max-over-targets"),
+    pytest.param(lambda w, x: scored(w, x, reduce="mean"), "AVERAGED the weights on",
+                 id="mean-over-targets"),
+    pytest.param(lambda w, x: scored(w, x, strict=False), "its own earlier occurrence",
+                 id="s-le-t"),
+    pytest.param(lambda w, x: scored(w, x, later_too=True), "also matched LATER",
+                 id="later-occurrences"),
+    pytest.param(lambda w, x: scored(w, x, transpose=True), "rows and columns are swapped",
+                 id="transposed"),
+]
+
+
+@pytest.mark.parametrize(("wrong", "named"), RECOGNISED_WRONG_ANSWERS)
 def test_names_each_wrong_answer(wrong, named):
     with pytest.raises(CheckFailed, match=named):
         check_prefix_matching_score(wrong)
 
 
+def probes_of_the_checker():
+    """The (attn_weights, inputs) pairs the checker passes to an answer, recorded by a
+    right answer through the checker's public call."""
+    seen = []
+
+    def recording(attn_weights, inputs):
+        seen.append((attn_weights.clone(), inputs.clone()))
+        return prefix_matching_score(attn_weights, inputs)
+
+    assert check_prefix_matching_score(recording) is True
+    return seen
+
+
 def test_wrong_answers_are_told_apart_by_the_probes():
-    """No two recognised wrong answers agree on both probes, and none agrees with
-    the right score, so each message can only be the one that fits."""
-    probes = _probes(torch.device("cpu"))
+    """On the probes the checker uses, no two recognised wrong answers agree on every
+    probe, and none agrees with the right score, so each message can only be the one
+    that fits (a wrong answer's test above then checks that it gets that message)."""
+    probes = probes_of_the_checker()
+    assert len(probes) == 2
     right = [prefix_matching_score(w, x) for w, x in probes]
-    wrong = [_wrong_answers(w, x) for w, x in probes]
-    messages = list(wrong[0])
-    for i, first in enumerate(messages):
-        assert not all(is_close(ans[first], r) for ans, r in zip(wrong, right, strict=True)), first
-        for second in messages[i + 1:]:
-            assert not all(is_close(ans[first], ans[second]) for ans in wrong), (first, second)
+    answers = {param.id: [param.values[0](w, x) for w, x in probes]
+               for param in RECOGNISED_WRONG_ANSWERS}
+    names = list(answers)
+    for i, first in enumerate(names):
+        assert not all(is_close(a, r) for a, r in zip(answers[first], right, strict=True)), first
+        for second in names[i + 1:]:
+            assert not all(is_close(a, b) for a, b in zip(answers[first], answers[second],
+                                                          strict=True)), (first, second)
 
 
 def test_first_only_and_largest_weight_agree_on_one_probe_and_are_still_told_apart():
     # On the first probe both pick key 1 for query 6 of row 0; the second probe
     # separates them, so each gets its own message.
-    (w1, x1), _ = _probes(torch.device("cpu"))
+    (w1, x1), _ = probes_of_the_checker()
     torch.testing.assert_close(scored(w1, x1, first_only=True), scored(w1, x1, reduce="max"))
     with pytest.raises(CheckFailed, match="FIRST earlier occurrence"):
         check_prefix_matching_score(lambda w, x: scored(w, x, first_only=True))

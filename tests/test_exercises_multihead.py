@@ -16,8 +16,6 @@ import torch.nn.functional as F
 
 import attnlib
 from attnlib.exercises import CheckFailed, check_merge_heads, check_multi_head_attention
-from attnlib.exercises._attention_modules import set_weights
-from attnlib.exercises.multihead import _ROLES, _multi_head_attention
 
 # ---------------------------------------------------------------------------
 # check_merge_heads
@@ -261,16 +259,24 @@ def test_check_multi_head_attention_accepts_the_correct_variant_of_the_test_clas
 
 
 def test_the_checkers_reference_is_attnlib_multi_head_attention():
-    """The reference the checker compares with is attnlib's, weights copied across."""
-    torch.manual_seed(0)
-    for d_in, d_out, num_heads, qkv_bias in [(5, 6, 2, False), (4, 6, 3, True)]:
-        module = attnlib.MultiHeadAttention(d_in, d_out, 8, 0.0, num_heads, qkv_bias)
-        module = module.double().eval()
-        weights = set_weights(module, _ROLES, torch.device("cpu"), seed=3)
-        x = torch.randn(3, 7, d_in, dtype=torch.float64)
-        with torch.no_grad():
-            expected = module(x)
-        torch.testing.assert_close(_multi_head_attention(x, weights, num_heads), expected)
+    """The checker's reference equals attnlib's class to the checker's tolerance, with and
+    without qkv_bias: the class passes, and the same class with every output moved by
+    1e-4, or with its biases ignored, does not."""
+    assert check_multi_head_attention(attnlib.MultiHeadAttention) is True
+
+    class Nudged(attnlib.MultiHeadAttention):
+        def forward(self, x, return_weights=False):
+            return super().forward(x) + 1e-4
+
+    with pytest.raises(CheckFailed):
+        check_multi_head_attention(Nudged)
+
+    class BiasIgnored(attnlib.MultiHeadAttention):
+        def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+            super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False)
+
+    with pytest.raises(CheckFailed, match="qkv_bias=True"):
+        check_multi_head_attention(BiasIgnored)
 
 
 @pytest.mark.parametrize(
