@@ -29,8 +29,8 @@ from .basics import (
 from .beyond import check_absorbed_query, check_delta_rule_step, check_sink_softmax
 from .distributed import check_causal_ring_steps, check_lse_merge, check_zigzag_shard
 from .efficient import check_flash_attention, check_online_softmax
-from .kernel import check_block_size, check_delta_kernel, check_logsumexp_kernel
-from .kernel_tiles import check_causal_stages, check_kv_pair
+from .kernel import check_delta_kernel, check_logsumexp_kernel
+from .kernel_tiles import check_block_size, check_causal_stages, check_kv_pair
 from .learning import check_prefix_matching_score
 from .llm import check_kv_cache_mask, check_repeat_kv, check_rope
 from .masks import check_causal_attention, check_causal_mask

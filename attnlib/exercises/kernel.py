@@ -8,7 +8,9 @@
   one block of rows per program, the last block masked.
 * :func:`check_block_size` - ``fn(head_dim, element_size, num_stages,
   shared_memory_bytes)``: the largest power-of-two tile whose forward-pass tiles
-  fit in shared memory.
+  fit in shared memory. A plain function of integers, it is checked in
+  ``attnlib.exercises.kernel_tiles`` with the chapter's other such checkers, and
+  importable from here too.
 
 The two kernel checkers launch the learner's ``@triton.jit`` function themselves:
 on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``, set before
@@ -20,8 +22,9 @@ and a store without it changes entries the checker watches, instead of touching
 memory outside the tensors. Output entries start with a finite fill value, so an
 unwritten entry is told from a nan the kernel computed. Before any launch the
 kernel's code is read for Python globals and plain functions, which the
-interpreter runs but Triton's compiler refuses. Triton is imported only when a
-kernel checker runs: ``import attnlib`` does not need it.
+interpreter runs but Triton's compiler refuses (``attnlib.exercises._triton_runner``
+launches the kernels). Triton is imported only when a kernel checker runs:
+``import attnlib`` does not need it.
 
 No message states the answer: each names what the kernel did and the section of
 chapter 11 (or chapter 8's online softmax) that shows the step.
@@ -29,30 +32,14 @@ chapter 11 (or chapter 8's online softmax) that shows the step.
 
 from __future__ import annotations
 
-import contextlib
-import dis
 import math
-import operator
-import types
-import warnings
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-from .._validation import type_name
-from ..flash_triton import import_triton, imported_interpreted
-from ._common import (
-    CheckFailed,
-    answer_name,
-    call_answer,
-    checker,
-    is_close,
-    max_difference,
-    passed,
-    probe_device,
-    require_callable,
-)
+from ._common import CheckFailed, checker, is_close, max_difference, passed
+from ._triton_runner import kernel_device, kernel_name, launch, reads_outside, require_kernel
+from .kernel_tiles import check_block_size
 
 __all__ = ["check_logsumexp_kernel", "check_delta_kernel", "check_block_size"]
 
@@ -62,212 +49,8 @@ _RTOL = 1e-5
 _LOG2_E = math.log2(math.e)
 
 
-# ---------------------------------------------------------------------------------------
-# launching the learner's kernel
-
-
-def _kernel_device(device: torch.device | str | None) -> torch.device:
-    """Where the learner's kernel can run: the CPU under Triton's interpreter, or CUDA.
-
-    Raises:
-        ImportError: Triton is not installed.
-        RuntimeError: Triton was imported without ``TRITON_INTERPRET=1`` and there
-            is no CUDA GPU, or ``device`` asks for the CPU in that case.
-    """
-    triton = import_triton()
-    interpreted = imported_interpreted(triton)
-    if device is None:
-        if interpreted:
-            return torch.device("cpu")
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = probe_device(device)
-    if device.type == "cpu" and not interpreted:
-        raise RuntimeError(
-            "a Triton kernel runs on CPU tensors only under Triton's interpreter: set "
-            "os.environ['TRITON_INTERPRET'] = '1' before anything imports triton (at the top "
-            "of the notebook; then restart the kernel), or run on a CUDA GPU"
-        )
-    return device
-
-
-def _require_kernel(kernel: object, what: str) -> None:
-    """``kernel`` must be a function decorated with ``@triton.jit``."""
-    # Triton ships no type hints (no py.typed): both classes are Any to mypy.
-    from triton.runtime.interpreter import InterpretedFunction  # type: ignore[import-untyped]
-    from triton.runtime.jit import JITFunction  # type: ignore[import-untyped]
-
-    if isinstance(kernel, (JITFunction, InterpretedFunction)):
-        _refuse_python_globals(kernel)
-        return
-    if callable(kernel) and not isinstance(kernel, type):
-        raise CheckFailed(
-            f"expected {what}, a Triton kernel, but got the plain Python function "
-            f"{answer_name(kernel, 'fn')}: put @triton.jit on the line above its def, run "
-            "that cell again, and pass the decorated function."
-        )
-    require_callable(kernel, what)  # raises: a string, a tensor, a class, ...
-    raise CheckFailed(f"expected {what}, a function decorated with @triton.jit, "
-                      f"got {type_name(kernel)}")
-
-
-def _is_jitted(value: object) -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    return isinstance(value, (JITFunction, InterpretedFunction))
-
-
-def _allowed_in_a_kernel(value: object) -> bool:
-    """Whether compiled Triton lets a kernel read the global ``value``: a module, a
-    ``@triton.jit`` function, a ``tl.constexpr``, a dtype or anything of
-    ``triton.language`` (the rule of Triton's code generator, which the interpreter
-    does not apply)."""
-    import triton.language as tl  # type: ignore[import-untyped]
-
-    return (isinstance(value, (types.ModuleType, tl.constexpr, tl.dtype)) or _is_jitted(value)
-            or bool(getattr(value, "__triton_builtin__", False))
-            or str(getattr(value, "__module__", "") or "").startswith("triton."))
-
-
-def _global_names(code: types.CodeType) -> Iterator[str]:
-    """The global names ``code`` (and any code nested in it) reads."""
-    for instruction in dis.get_instructions(code):
-        if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
-            yield str(instruction.argval)
-    for constant in code.co_consts:
-        if isinstance(constant, types.CodeType):
-            yield from _global_names(constant)
-
-
-def _refuse_python_globals(kernel: Any) -> None:
-    """Refuse a kernel (or a ``@triton.jit`` function it calls) that reads a Python global
-    other than a module, a jitted function or a ``tl.constexpr``.
-
-    Triton's interpreter runs the kernel as Python and lets it read any global, such as
-    ``LOG2_E = math.log2(math.e)``; the compiler refuses it (a ``CompilationError``
-    naming a global that is not a constexpr), so such a kernel would fail on a GPU.
-    """
-    seen: set[int] = set()
-    pending = [kernel]
-    while pending:
-        jitted = pending.pop()
-        fn = getattr(jitted, "fn", jitted)
-        if id(fn) in seen or not isinstance(getattr(fn, "__code__", None), types.CodeType):
-            continue
-        seen.add(id(fn))
-        namespace = getattr(fn, "__globals__", {})
-        for name in dict.fromkeys(_global_names(fn.__code__)):
-            if name not in namespace:
-                continue  # a builtin such as range or float
-            value = namespace[name]
-            if _is_jitted(value):
-                pending.append(value)
-                continue
-            if _allowed_in_a_kernel(value):
-                continue
-            where = ("" if jitted is kernel else
-                     f" (in {answer_name(fn, 'a helper')}, which {_kernel_name(kernel)} calls)")
-            kind = ("calls the plain Python function" if callable(value)
-                    else "reads the Python global")
-            raise CheckFailed(
-                f"{_kernel_name(kernel)} {kind} {name} ({type_name(value)}) inside the "
-                f"kernel{where}. Triton's interpreter allows that, but the compiler accepts "
-                "only literals, arguments, tl.constexpr globals and @triton.jit functions "
-                "there, so on a GPU the kernel fails to compile. See the comment beside "
-                "log2(e) in the row-softmax kernel of 'Triton's model: programs and blocks'.")
-
-
-def _kernel_name(kernel: Any) -> str:
-    return answer_name(getattr(kernel, "fn", kernel), "kernel")
-
-
-@contextlib.contextmanager
-def _recorded_reads(interpreted: bool) -> Iterator[list[Any]]:
-    """While the block runs, the addresses of every lane Triton's interpreter loads (its
-    mask True), one NumPy array per ``tl.load``; nothing is recorded for a compiled
-    kernel, or where this Triton's interpreter has no ``create_masked_load`` to watch."""
-    reads: list[Any] = []
-    try:
-        from triton.runtime import interpreter  # type: ignore[import-untyped]
-
-        builder = interpreter.interpreter_builder
-        original = builder.create_masked_load
-    except (ImportError, AttributeError):
-        interpreted = False
-    if not interpreted:
-        yield reads
-        return
-    import numpy as np
-
-    def recording(ptrs: Any, mask: Any, *args: Any, **kwargs: Any) -> Any:
-        with contextlib.suppress(Exception):  # the record must never break the load
-            addresses = np.asarray(ptrs.data)
-            lanes = np.broadcast_to(np.asarray(mask.data, dtype=bool), addresses.shape)
-            reads.append(addresses[lanes].astype(np.uint64))
-        return original(ptrs, mask, *args, **kwargs)
-
-    patched_before = "create_masked_load" in vars(builder)
-    builder.create_masked_load = recording
-    try:
-        yield reads
-    finally:
-        if patched_before:
-            builder.create_masked_load = original
-        else:
-            del builder.create_masked_load
-
-
-def _launch(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...],
-            kwargs: dict[str, Any], what: str) -> list[Any]:
-    """Run ``kernel[grid](*args, **kwargs)``; an error in it becomes a CheckFailed.
-
-    Triton's interpreter wraps an exception raised inside a kernel in its own
-    ``InterpreterError``; the learner's exception (a ``NotImplementedError`` from
-    the stub, a shape error from ``tl.store``) is reported instead.
-
-    Returns:
-        Under the interpreter, the addresses the kernel loaded (see
-        :func:`_recorded_reads`); for a compiled kernel an empty list.
-    """
-    on_gpu = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
-    reads: list[Any] = []
-
-    def run() -> None:
-        try:
-            with warnings.catch_warnings():  # NumPy's overflow warnings: the check explains
-                warnings.simplefilter("ignore", RuntimeWarning)
-                with _recorded_reads(not on_gpu) as recorded:
-                    kernel[grid](*args, **kwargs)
-                reads.extend(recorded)
-            if on_gpu:
-                torch.cuda.synchronize()
-        except Exception as exc:
-            cause = exc.__cause__
-            if type(exc).__name__ == "InterpreterError" and isinstance(cause, Exception):
-                raise cause from None
-            raise
-
-    call_answer(run, what=what)
-    return reads
-
-
-def _reads_outside(reads: list[Any], tensors: list[torch.Tensor]) -> Any:
-    """The addresses in ``reads`` outside every tensor of ``tensors``, sorted (a NumPy
-    array, empty when every read stays inside them)."""
-    import numpy as np
-
-    if not reads:
-        return np.zeros(0, dtype=np.uint64)
-    addresses = np.concatenate(reads)
-    inside = np.zeros(addresses.shape, dtype=bool)
-    for tensor in tensors:
-        start = tensor.data_ptr()
-        end = start + tensor.numel() * tensor.element_size()
-        inside |= (addresses >= start) & (addresses < end)
-    return np.sort(addresses[~inside])
-
-
 def _named_mistake(out: torch.Tensor, wrong: list[tuple[str, torch.Tensor]]) -> str | None:
+    """The message of the first mistake in ``wrong`` that gives ``out``, or None."""
     for message, candidate in wrong:
         if is_close(out, candidate, atol=_ATOL, rtol=_RTOL):
             return message
@@ -482,10 +265,10 @@ def check_logsumexp_kernel(kernel: Any, *, device: torch.device | str | None = N
     softmax", Algorithm 3; Dao (2023), "FlashAttention-2", Algorithm 1 (the
     log-sum-exp the forward pass saves).
     """
-    device = _kernel_device(device)
-    _require_kernel(kernel, "a log-sum-exp kernel(x_ptr, out_ptr, num_cols, row_stride, "
+    device = kernel_device(device)
+    require_kernel(kernel, "a log-sum-exp kernel(x_ptr, out_ptr, num_cols, row_stride, "
                             "BLOCK)")
-    name = _kernel_name(kernel)
+    name = kernel_name(kernel)
     unwritten = torch.tensor(_UNWRITTEN, dtype=torch.float32)
     for buffer, num_cols, block, probe in _logsumexp_probes(device):
         num_rows, row_stride = buffer.shape
@@ -493,7 +276,7 @@ def check_logsumexp_kernel(kernel: Any, *, device: torch.device | str | None = N
         before = buffer.clone()
         what = (f"{name}[({num_rows},)](x, out, num_cols={num_cols}, row_stride={row_stride}, "
                 f"BLOCK={block}) on {probe}")
-        _launch(kernel, (num_rows,), (buffer, out, num_cols, row_stride), {"BLOCK": block},
+        launch(kernel, (num_rows,), (buffer, out, num_cols, row_stride), {"BLOCK": block},
                 what)
         if not torch.equal(before, buffer):
             raise CheckFailed(f"{what} changes x; store only into out.")
@@ -628,7 +411,7 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _name_unmasked_load(reads: list[Any], o: torch.Tensor, do: torch.Tensor,
                         delta: torch.Tensor, what: str) -> None:
     """Raise CheckFailed if the kernel loaded anything outside O, dO and delta."""
-    outside = _reads_outside(reads, [o, do, delta])
+    outside = reads_outside(reads, [o, do, delta])
     if not outside.size:
         return
     row_bytes = o.shape[1] * o.element_size()
@@ -697,10 +480,10 @@ def check_delta_kernel(kernel: Any, *, device: torch.device | str | None = None)
     Source: Dao (2023), "FlashAttention-2", Algorithm 2, line 4 and Section
     3.1.2 (``D_i = rowsum(dO_i * O_i)``, which equals ``rowsum(P_i * dP_i)``).
     """
-    device = _kernel_device(device)
-    _require_kernel(kernel, "a kernel(out_ptr, grad_out_ptr, delta_ptr, num_rows, HEAD_DIM, "
+    device = kernel_device(device)
+    require_kernel(kernel, "a kernel(out_ptr, grad_out_ptr, delta_ptr, num_rows, HEAD_DIM, "
                             "BLOCK_M)")
-    name = _kernel_name(kernel)
+    name = kernel_name(kernel)
     unwritten = torch.tensor(_UNWRITTEN, dtype=torch.float32)
     for o_buffer, do_buffer, num_rows, block_m, probe in _delta_probes(device):
         head_dim = o_buffer.shape[1]
@@ -712,7 +495,7 @@ def check_delta_kernel(kernel: Any, *, device: torch.device | str | None = None)
         grid = (math.ceil(num_rows / block_m),)
         what = (f"{name}[{grid}](out, grad_out, delta, num_rows={num_rows}, "
                 f"HEAD_DIM={head_dim}, BLOCK_M={block_m}) on {probe}")
-        reads = _launch(kernel, grid, (o, do, delta, num_rows),
+        reads = launch(kernel, grid, (o, do, delta, num_rows),
                         {"HEAD_DIM": head_dim, "BLOCK_M": block_m}, what)
         if not (_same_bits(before[0], o_buffer) and _same_bits(before[1], do_buffer)):
             raise CheckFailed(f"{what} changes out or grad_out; store only into delta.")
@@ -722,167 +505,3 @@ def check_delta_kernel(kernel: Any, *, device: torch.device | str | None = None)
     return passed(f"{name} gives D = rowsum(dO * O) for 7 to 64 rows, with a partial last "
                   "block, whole blocks only and fewer rows than one block, in float32, "
                   "float16 and bfloat16, and reads and writes nothing past the end.")
-
-
-# ---------------------------------------------------------------------------------------
-# a block size that fits shared memory
-
-
-_BLOCKS = (16, 32, 64, 128, 256)
-_BLOCKS_SECTION = "'Block sizes, warps and stages'"
-
-
-def _largest_block(head_dim: int, element_size: int, num_stages: int,
-                   shared_memory_bytes: int, *, q_tiles: str = "once", kv_tiles: int = 2,
-                   stages: bool = True, scale: int = 1, strict: bool = False,
-                   powers_of_two: bool = True) -> int | None:
-    """The largest block B (B_M = B_N = B) whose tiles fit, by the chapter's model
-    ``element_size * head_dim * (B + num_stages * 2 * B)`` bytes, or by one slip of it.
-
-    The slips: ``q_tiles`` ``"none"`` or ``"per_stage"`` (the Q tile left out, or
-    counted once per stage); ``kv_tiles=1`` (K counted, V not); ``stages=False``
-    (one K and one V tile whatever ``num_stages``); ``scale=8`` (bits, not bytes);
-    ``strict`` (``<`` instead of ``<=``); ``powers_of_two=False`` (the largest
-    integer B that fits).
-    """
-    q_rows = {"once": 1, "none": 0, "per_stage": num_stages}[q_tiles]
-    rows_per_b = q_rows + (num_stages if stages else 1) * kv_tiles
-    bytes_per_b = scale * element_size * head_dim * rows_per_b  # bytes of the tiles per B
-
-    def fits(block: int) -> bool:
-        used = block * bytes_per_b
-        return used < shared_memory_bytes if strict else used <= shared_memory_bytes
-
-    candidates = _BLOCKS if powers_of_two else range(1, shared_memory_bytes // bytes_per_b + 1)
-    fitting = [block for block in candidates if fits(block)]
-    return max(fitting) if fitting else None
-
-
-#: (head_dim, element_size, num_stages, shared_memory_bytes) of each probe. 232448
-#: bytes (227 KiB) is what one program may use on an H100; 229376 is exactly the
-#: tiles of B = 128 at head_dim 128, bfloat16, 3 stages; at 73728 B = 128 fits only
-#: without its Q tile.
-_BLOCK_PROBES = (
-    (64, 2, 3, 232448),
-    (128, 2, 3, 232448),
-    (128, 2, 4, 232448),
-    (128, 4, 3, 232448),
-    (64, 2, 2, 73728),
-    (128, 2, 3, 229376),
-    (32, 2, 1, 6144),
-    (128, 4, 4, 32768),
-)
-
-
-def _block_wrong_answers() -> list[tuple[str, list[int | None]]]:
-    """(message, the answers of that mistake on every probe)."""
-    see = f"See the count in {_BLOCKS_SECTION}"
-    variants: list[tuple[str, dict[str, Any]]] = [
-        ("counts one K tile and one V tile, whatever num_stages is: each stage in flight "
-         f"has buffers of its own. {see}", {"stages": False}),
-        (f"counts the K tiles but not the V tiles: each stage holds a tile of each. {see}",
-         {"kv_tiles": 1}),
-        ("leaves out the Q tile, which the program keeps in shared memory for its whole "
-         f"loop. {see}", {"q_tiles": "none"}),
-        ("multiplies the Q tile by num_stages too: Q is loaded once, before the loop, "
-         f"and only K and V are multi-buffered. {see}", {"q_tiles": "per_stage"}),
-        ("counts bits, not bytes: element_size is already in bytes (2 for bfloat16, 4 "
-         "for float32)", {"scale": 8}),
-        ("rejects a block whose tiles fill shared memory exactly: a block fits when its "
-         "tiles take no more than shared_memory_bytes, equality included", {"strict": True}),
-        ("returns a block size that is not a power of two: tl.arange(0, BLOCK) needs a "
-         "power of two, so the exercise lets you choose among 16, 32, 64, 128 and 256",
-         {"powers_of_two": False}),
-    ]
-    return [(message, [_largest_block(*probe, **slip) for probe in _BLOCK_PROBES])
-            for message, slip in variants]
-
-
-@checker
-def check_block_size(fn: Callable[[int, int, int, int], int | None]) -> bool:
-    """Check a learner's ``fn(head_dim, element_size, num_stages, shared_memory_bytes)``.
-
-    ``fn`` must return the largest block ``B`` among 16, 32, 64, 128 and 256
-    (a power of two, as ``tl.arange`` needs; ``B_M = B_N = B``) for which the
-    forward kernel's tiles fit in ``shared_memory_bytes``, or ``None`` when
-    none does. The chapter's model, which Triton's compiler matched byte for
-    byte: one Q tile and ``num_stages`` K tiles and ``num_stages`` V tiles,
-    ``element_size * head_dim * (B + 2 * num_stages * B)`` bytes. The probes
-    cover bfloat16 and float32, 1 to 4 stages, head_dim 32 to 128, the 227 KiB
-    a program may use on an H100, a limit met exactly, and one where nothing
-    fits.
-
-    Recognised mistakes: the stages forgotten; the V tiles forgotten; the Q
-    tile forgotten, or counted once per stage; bits instead of bytes; ``<``
-    instead of ``<=``; a block that is not a power of two; a result that is not
-    an integer or None. Any integer type is accepted (``int``, a NumPy
-    integer, a one-element integer tensor). The message for an unknown
-    mistake says whether the block is too large or too small, not which it is.
-
-    Args:
-        fn: the learner's function, called with four ints.
-
-    Returns:
-        True, after printing one line, when every probe matches.
-
-    Raises:
-        CheckFailed: ``fn`` is not a function, raises, returns something other
-            than an integer or None, or computes another block; the message names
-            the mistake where it is a typical one.
-
-    Source: Triton 2's ``triton.ops.matmul``, which discarded configurations
-    by shared memory, ``(BLOCK_M + BLOCK_N) * BLOCK_K * num_stages *
-    element_size``; NVIDIA's Hopper tuning guide (227 KB per thread block);
-    chapter 11, where Triton's compiler confirms the count for the forward
-    kernel byte for byte.
-    """
-    require_callable(fn, "a function fn(head_dim, element_size, num_stages, "
-                         "shared_memory_bytes)")
-    name = answer_name(fn, "fn")
-    answers: list[int | None] = []
-    for probe in _BLOCK_PROBES:
-        what = (f"{name}(head_dim={probe[0]}, element_size={probe[1]}, "
-                f"num_stages={probe[2]}, shared_memory_bytes={probe[3]})")
-        answers.append(_block_answer(call_answer(fn, *probe, what=what), what))
-    expected = [_largest_block(*probe) for probe in _BLOCK_PROBES]
-    if answers == expected:
-        return passed(f"{name} picks the largest block that fits for 8 settings, bfloat16 "
-                      "and float32, 1 to 4 stages, and says None when none fits.")
-    for message, wrong in _block_wrong_answers():
-        if answers == wrong:
-            raise CheckFailed(f"{name} {message}.")
-    first = next(i for i, (a, e) in enumerate(zip(answers, expected, strict=True)) if a != e)
-    head_dim, element_size, num_stages, limit = _BLOCK_PROBES[first]
-    got, right = answers[first], expected[first]
-    if got is None:
-        verdict = "but a block among 16, 32, 64, 128 and 256 fits there"
-    elif got not in _BLOCKS:
-        verdict = "which is not one of the blocks 16, 32, 64, 128 and 256"
-    elif right is None or got > right:
-        verdict = "but the tiles of that block do not fit there"
-    else:
-        verdict = "but a larger block still fits there"
-    raise CheckFailed(
-        f"{name}(head_dim={head_dim}, element_size={element_size}, num_stages={num_stages}, "
-        f"shared_memory_bytes={limit}) returned {got!r}, {verdict}; the answers match none "
-        "of the typical mistakes this check knows. Count the bytes of the tiles as "
-        f"{_BLOCKS_SECTION} does, for each block, and print them beside "
-        "shared_memory_bytes.")
-
-
-def _block_answer(out: object, what: str) -> int | None:
-    """The learner's block as an int: any integer type (int, a NumPy integer, an integer
-    tensor of one element) or None; a float, a bool or anything else is a CheckFailed."""
-    if isinstance(out, torch.Tensor) and out.numel() == 1 and not (
-            out.is_floating_point() or out.is_complex() or out.dtype == torch.bool):
-        return int(out)
-    if out is None:
-        return None
-    if not isinstance(out, torch.Tensor) and type(out).__name__ not in ("bool", "bool_"):
-        try:
-            return operator.index(out)  # type: ignore[arg-type]
-        except TypeError:
-            pass
-    raise CheckFailed(
-        f"{what} returned {type_name(out)} {out!r:.40}; expected an integer, the block "
-        "size (such as 64), or None when no block fits.")

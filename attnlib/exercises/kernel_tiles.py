@@ -1,6 +1,9 @@
-"""Checkers for chapter 11's exercises on the grown-up kernel: which tiles run how, and
-which key/value head a query head reads.
+"""Checkers for chapter 11's exercises on a kernel's tiles: how large they may be, which
+tiles run how, and which key/value head a query head reads.
 
+* :func:`check_block_size` - ``fn(head_dim, element_size, num_stages,
+  shared_memory_bytes)`` returns the largest power-of-two block whose forward-pass
+  tiles fit in shared memory, or None when none does.
 * :func:`check_causal_stages` - ``fn(start_m, block_m, block_n, num_tokens_kv)``
   returns ``(unmasked_stop, masked_stop)``, the bounds of the causal forward's two
   stages for one block of queries: key tiles ``range(0, unmasked_stop, block_n)``
@@ -10,17 +13,19 @@ which key/value head a query head reads.
   (batch, key/value head) pair that the (batch, query head) pair ``bh`` reads in
   grouped-query attention: the kernels' ``kv_bh``.
 
-Both are plain Python functions of integers, checked against the mask itself
-(every tile of each stage is classified from the causal mask) and, for the
-grouped heads, against ``torch.nn.functional.scaled_dot_product_attention`` with
-``enable_gqa=True``. No message states the answer: each names what the answer
-did and the section of chapter 11 that shows the step.
+All three are plain Python functions of integers, checked against the chapter's count
+of the tiles' bytes, against the mask itself (every tile of each stage is classified
+from the causal mask) and, for the grouped heads, against
+``torch.nn.functional.scaled_dot_product_attention`` with ``enable_gqa=True``. No
+message states the answer: each names what the answer did and the section of chapter
+11 that shows the step.
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +33,7 @@ import torch.nn.functional as F
 from .._validation import type_name
 from ._common import CheckFailed, answer_name, call_answer, checker, passed, require_callable
 
-__all__ = ["check_causal_stages", "check_kv_pair"]
+__all__ = ["check_block_size", "check_causal_stages", "check_kv_pair"]
 
 _STAGES_SECTION = "chapter 11, section \"The kernel grows up\", the two causal stages"
 _GQA_SECTION = "chapter 11, section \"The kernel grows up\", grouped-query heads"
@@ -293,3 +298,167 @@ def _attention_agrees(fn: Callable[[int, int, int], int], name: str) -> None:
     if not torch.allclose(ours, theirs, rtol=1e-10, atol=1e-10):  # pragma: no cover
         raise CheckFailed(f"attention with {name}'s pairing differs from SDPA's "
                           f"enable_gqa=True. See {_GQA_SECTION}.")
+
+
+# ---------------------------------------------------------------------------------------
+# a block size that fits shared memory
+
+
+_BLOCKS = (16, 32, 64, 128, 256)
+_BLOCKS_SECTION = "'Block sizes, warps and stages'"
+
+
+def _largest_block(head_dim: int, element_size: int, num_stages: int,
+                   shared_memory_bytes: int, *, q_tiles: str = "once", kv_tiles: int = 2,
+                   stages: bool = True, scale: int = 1, strict: bool = False,
+                   powers_of_two: bool = True) -> int | None:
+    """The largest block B (B_M = B_N = B) whose tiles fit, by the chapter's model
+    ``element_size * head_dim * (B + num_stages * 2 * B)`` bytes, or by one slip of it.
+
+    The slips: ``q_tiles`` ``"none"`` or ``"per_stage"`` (the Q tile left out, or
+    counted once per stage); ``kv_tiles=1`` (K counted, V not); ``stages=False``
+    (one K and one V tile whatever ``num_stages``); ``scale=8`` (bits, not bytes);
+    ``strict`` (``<`` instead of ``<=``); ``powers_of_two=False`` (the largest
+    integer B that fits).
+    """
+    q_rows = {"once": 1, "none": 0, "per_stage": num_stages}[q_tiles]
+    rows_per_b = q_rows + (num_stages if stages else 1) * kv_tiles
+    bytes_per_b = scale * element_size * head_dim * rows_per_b  # bytes of the tiles per B
+
+    def fits(block: int) -> bool:
+        used = block * bytes_per_b
+        return used < shared_memory_bytes if strict else used <= shared_memory_bytes
+
+    candidates = _BLOCKS if powers_of_two else range(1, shared_memory_bytes // bytes_per_b + 1)
+    fitting = [block for block in candidates if fits(block)]
+    return max(fitting) if fitting else None
+
+
+#: (head_dim, element_size, num_stages, shared_memory_bytes) of each probe. 232448
+#: bytes (227 KiB) is what one program may use on an H100; 229376 is exactly the
+#: tiles of B = 128 at head_dim 128, bfloat16, 3 stages; at 73728 B = 128 fits only
+#: without its Q tile.
+_BLOCK_PROBES = (
+    (64, 2, 3, 232448),
+    (128, 2, 3, 232448),
+    (128, 2, 4, 232448),
+    (128, 4, 3, 232448),
+    (64, 2, 2, 73728),
+    (128, 2, 3, 229376),
+    (32, 2, 1, 6144),
+    (128, 4, 4, 32768),
+)
+
+
+def _block_wrong_answers() -> list[tuple[str, list[int | None]]]:
+    """(message, the answers of that mistake on every probe)."""
+    see = f"See the count in {_BLOCKS_SECTION}"
+    variants: list[tuple[str, dict[str, Any]]] = [
+        ("counts one K tile and one V tile, whatever num_stages is: each stage in flight "
+         f"has buffers of its own. {see}", {"stages": False}),
+        (f"counts the K tiles but not the V tiles: each stage holds a tile of each. {see}",
+         {"kv_tiles": 1}),
+        ("leaves out the Q tile, which the program keeps in shared memory for its whole "
+         f"loop. {see}", {"q_tiles": "none"}),
+        ("multiplies the Q tile by num_stages too: Q is loaded once, before the loop, "
+         f"and only K and V are multi-buffered. {see}", {"q_tiles": "per_stage"}),
+        ("counts bits, not bytes: element_size is already in bytes (2 for bfloat16, 4 "
+         "for float32)", {"scale": 8}),
+        ("rejects a block whose tiles fill shared memory exactly: a block fits when its "
+         "tiles take no more than shared_memory_bytes, equality included", {"strict": True}),
+        ("returns a block size that is not a power of two: tl.arange(0, BLOCK) needs a "
+         "power of two, so the exercise lets you choose among 16, 32, 64, 128 and 256",
+         {"powers_of_two": False}),
+    ]
+    return [(message, [_largest_block(*probe, **slip) for probe in _BLOCK_PROBES])
+            for message, slip in variants]
+
+
+@checker
+def check_block_size(fn: Callable[[int, int, int, int], int | None]) -> bool:
+    """Check a learner's ``fn(head_dim, element_size, num_stages, shared_memory_bytes)``.
+
+    ``fn`` must return the largest block ``B`` among 16, 32, 64, 128 and 256
+    (a power of two, as ``tl.arange`` needs; ``B_M = B_N = B``) for which the
+    forward kernel's tiles fit in ``shared_memory_bytes``, or ``None`` when
+    none does. The chapter's model, which Triton's compiler matched byte for
+    byte: one Q tile and ``num_stages`` K tiles and ``num_stages`` V tiles,
+    ``element_size * head_dim * (B + 2 * num_stages * B)`` bytes. The probes
+    cover bfloat16 and float32, 1 to 4 stages, head_dim 32 to 128, the 227 KiB
+    a program may use on an H100, a limit met exactly, and one where nothing
+    fits.
+
+    Recognised mistakes: the stages forgotten; the V tiles forgotten; the Q
+    tile forgotten, or counted once per stage; bits instead of bytes; ``<``
+    instead of ``<=``; a block that is not a power of two; a result that is not
+    an integer or None. Any integer type is accepted (``int``, a NumPy
+    integer, a one-element integer tensor). The message for an unknown
+    mistake says whether the block is too large or too small, not which it is.
+
+    Args:
+        fn: the learner's function, called with four ints.
+
+    Returns:
+        True, after printing one line, when every probe matches.
+
+    Raises:
+        CheckFailed: ``fn`` is not a function, raises, returns something other
+            than an integer or None, or computes another block; the message names
+            the mistake where it is a typical one.
+
+    Source: Triton 2's ``triton.ops.matmul``, which discarded configurations
+    by shared memory, ``(BLOCK_M + BLOCK_N) * BLOCK_K * num_stages *
+    element_size``; NVIDIA's Hopper tuning guide (227 KB per thread block);
+    chapter 11, where Triton's compiler confirms the count for the forward
+    kernel byte for byte.
+    """
+    require_callable(fn, "a function fn(head_dim, element_size, num_stages, "
+                         "shared_memory_bytes)")
+    name = answer_name(fn, "fn")
+    answers: list[int | None] = []
+    for probe in _BLOCK_PROBES:
+        what = (f"{name}(head_dim={probe[0]}, element_size={probe[1]}, "
+                f"num_stages={probe[2]}, shared_memory_bytes={probe[3]})")
+        answers.append(_block_answer(call_answer(fn, *probe, what=what), what))
+    expected = [_largest_block(*probe) for probe in _BLOCK_PROBES]
+    if answers == expected:
+        return passed(f"{name} picks the largest block that fits for 8 settings, bfloat16 "
+                      "and float32, 1 to 4 stages, and says None when none fits.")
+    for message, wrong in _block_wrong_answers():
+        if answers == wrong:
+            raise CheckFailed(f"{name} {message}.")
+    first = next(i for i, (a, e) in enumerate(zip(answers, expected, strict=True)) if a != e)
+    head_dim, element_size, num_stages, limit = _BLOCK_PROBES[first]
+    got, right = answers[first], expected[first]
+    if got is None:
+        verdict = "but a block among 16, 32, 64, 128 and 256 fits there"
+    elif got not in _BLOCKS:
+        verdict = "which is not one of the blocks 16, 32, 64, 128 and 256"
+    elif right is None or got > right:
+        verdict = "but the tiles of that block do not fit there"
+    else:
+        verdict = "but a larger block still fits there"
+    raise CheckFailed(
+        f"{name}(head_dim={head_dim}, element_size={element_size}, num_stages={num_stages}, "
+        f"shared_memory_bytes={limit}) returned {got!r}, {verdict}; the answers match none "
+        "of the typical mistakes this check knows. Count the bytes of the tiles as "
+        f"{_BLOCKS_SECTION} does, for each block, and print them beside "
+        "shared_memory_bytes.")
+
+
+def _block_answer(out: object, what: str) -> int | None:
+    """The learner's block as an int: any integer type (int, a NumPy integer, an integer
+    tensor of one element) or None; a float, a bool or anything else is a CheckFailed."""
+    if isinstance(out, torch.Tensor) and out.numel() == 1 and not (
+            out.is_floating_point() or out.is_complex() or out.dtype == torch.bool):
+        return int(out)
+    if out is None:
+        return None
+    if not isinstance(out, torch.Tensor) and type(out).__name__ not in ("bool", "bool_"):
+        try:
+            return operator.index(out)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+    raise CheckFailed(
+        f"{what} returned {type_name(out)} {out!r:.40}; expected an integer, the block "
+        "size (such as 64), or None when no block fits.")
