@@ -23,7 +23,8 @@ Functions are grouped by concept, not by chapter:
 * :mod:`attnlib.linear_attention` - linear attention, the delta rule and Gated
   DeltaNet, in recurrent, parallel and chunked forms.
 * :mod:`attnlib.sparse` - DeepSeek Sparse Attention: an indexer and top-k keys.
-* :mod:`attnlib.sinks` - attention sinks and QK-norm.
+* :mod:`attnlib.sinks` - attention sinks and QK-norm, and ``QKNormSinkAttention``
+  (``GroupedQueryAttention`` with both, chapter 13).
 * :mod:`attnlib.variants` - chapter 13's attention variants as blocks of
   ``TinyTransformer`` (linear, Gated DeltaNet, MLA, sparse, shared KV) and the
   cache each keeps per sequence.
@@ -84,6 +85,7 @@ from .positional import (
     SinusoidalPositionalEncoding,
     sinusoidal_encoding,
 )
+from .sinks import QKNormSinkAttention
 from .source import expect, show_source
 from .viz import plot_attention
 
@@ -99,6 +101,7 @@ __all__ = [
     "MultiHeadAttention",
     "MultiHeadAttentionWrapper",
     "MultiHeadLatentAttention",
+    "QKNormSinkAttention",
     "RotaryPositionalEmbedding",
     "SelfAttention_v1",
     "SelfAttention_v2",

@@ -8,8 +8,9 @@ from here, below both of them:
   (the load-state-dict pre-hooks :func:`keep_own_mask` and
   :func:`drop_incoming_mask`);
 * :func:`resolve_head_dim`, :func:`check_key_padding_mask`,
-  :func:`num_cached` and :func:`check_context`: the checks of the
-  multi-head modules' arguments, made before any computation.
+  :func:`num_cached`, :func:`check_context` and
+  :func:`check_removed_keywords`: the checks of the multi-head modules'
+  arguments, made before any computation.
 
 The attention computation itself (readable, fused or tiled, with grouped
 key/value heads) is :func:`attnlib.functional.attention`.
@@ -105,6 +106,32 @@ def resolve_head_dim(d_out: int, num_heads: int, head_dim: object) -> int:
             )
         return d_out // num_heads
     return check_positive_int("head_dim", head_dim)
+
+
+def check_removed_keywords(class_name: str, removed: dict[str, object]) -> None:
+    """Refuse the keywords a multi-head class's ``**removed`` caught.
+
+    Args:
+        class_name: the class called, for the message.
+        removed: the keywords its signature does not name (empty passes).
+
+    Raises:
+        TypeError: for any keyword; ``qk_norm`` and ``sinks`` (options of
+            these classes before QK-norm and sinks moved into chapter 13's
+            subclass) name :class:`attnlib.QKNormSinkAttention`, any other is
+            unexpected (a typo fails as it would without ``**removed``).
+    """
+    moved = [name for name in ("qk_norm", "sinks") if name in removed]
+    if moved:
+        raise TypeError(
+            f"{class_name} no longer takes {' or '.join(moved)}: QK-norm and attention "
+            "sinks are chapter 13's subclass, attnlib.QKNormSinkAttention(..., "
+            "qk_norm=True, sinks=True), which takes GroupedQueryAttention's arguments"
+        )
+    if removed:
+        raise TypeError(
+            f"{class_name}() got an unexpected keyword argument {next(iter(removed))!r}"
+        )
 
 
 def check_key_padding_mask(

@@ -16,9 +16,13 @@ Shape legend (as in :mod:`attnlib.attention`), plus:
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import torch
 
+from ._heads import check_removed_keywords
 from ._validation import check_bool
+from .kv_cache import KVCache
 from .multihead import MultiHeadAttention
 from .positional import RotaryPositionalEmbedding
 
@@ -43,13 +47,15 @@ class GroupedQueryAttention(MultiHeadAttention):
     before the scores), as in Llama-style models; with a KV cache the positions
     continue from the number of cached tokens, and the cache stores rotated keys.
 
-    It extends :class:`attnlib.MultiHeadAttention` and keeps its ``forward``:
-    the narrower ``W_key`` and ``W_value`` give ``num_kv_groups`` heads, which
-    :func:`attnlib.functional.attention` shares among the query heads (torch's
-    kernel with ``enable_gqa=True`` on the fast path; ``repeat_interleave``
-    then :func:`attnlib.scaled_dot_product_attention` on the readable one,
-    ``return_weights=True``), and RoPE acts in
-    :meth:`~attnlib.MultiHeadAttention.transform_queries_keys`.
+    It extends :class:`attnlib.MultiHeadAttention`, whose steps its
+    ``forward`` calls: the narrower ``W_key`` and ``W_value`` give
+    ``num_kv_groups`` heads, which :func:`attnlib.functional.attention` shares
+    among the query heads (torch's kernel with ``enable_gqa=True`` on the fast
+    path; ``repeat_interleave`` then :func:`attnlib.scaled_dot_product_attention`
+    on the readable one, ``return_weights=True``), and RoPE acts in
+    :meth:`transform_queries_keys`, between the head split and the cache.
+    :class:`attnlib.QKNormSinkAttention` (chapter 13) extends this class with
+    QK-norm and attention sinks.
 
     Args:
         d_in: size of each input embedding.
@@ -80,14 +86,6 @@ class GroupedQueryAttention(MultiHeadAttention):
             is ``context_length**2`` bytes per layer: 64 MiB at 8 192 tokens,
             1 GiB at 32 768 (``tests/test_gqa.py`` counts them); the outputs are
             the same either way. With ``causal=False`` no buffer is registered.
-        qk_norm: keyword-only; RMS-normalise each query and key head (a
-            learned gain per feature, :class:`attnlib.QKNorm`) after the
-            projection and before RoPE, as Qwen3, OLMo 2 and Gemma 3 do.
-            Default False (no parameters added).
-        sinks: keyword-only; give each query head a learned sink logit that
-            joins its softmax's denominator (:class:`attnlib.AttentionSinks`,
-            initialised to 0), so a head may attend to "nothing", as gpt-oss
-            does. Default False (no parameters added).
         causal: keyword-only; mask future keys. Default True. False gives
             bidirectional attention (an encoder), and is required for
             cross-attention (``forward(x, context=...)``), where a causal
@@ -107,10 +105,6 @@ class GroupedQueryAttention(MultiHeadAttention):
         rope: the :class:`attnlib.RotaryPositionalEmbedding`, or None.
         mask: bool buffer ``(context_length, context_length)``, True = may
             attend; None with ``mask_buffer=False`` or ``causal=False``.
-        qk_norm: the :class:`attnlib.QKNorm` (``state_dict`` keys
-            ``qk_norm.q_norm.weight``, ``qk_norm.k_norm.weight``), or None.
-        sinks: the :class:`attnlib.AttentionSinks` (``sinks.sinks``,
-            ``(num_heads,)``), or None.
         causal: bool. attn_implementation: str.
 
     Warning:
@@ -120,10 +114,13 @@ class GroupedQueryAttention(MultiHeadAttention):
     Note:
         ``num_kv_groups == num_heads`` without RoPE computes what
         :class:`attnlib.MultiHeadAttention` computes, which this class extends.
+        Forward hooks on the projections do not run on the fused path, see
+        :meth:`~attnlib.MultiHeadAttention.project`.
 
     Raises:
-        TypeError: a size is not an int, ``dropout`` is not a float, or a flag
-            is not a bool.
+        TypeError: a size is not an int, ``dropout`` is not a float, a flag
+            is not a bool, or an unknown keyword is given (the removed
+            ``qk_norm`` and ``sinks`` name :class:`attnlib.QKNormSinkAttention`).
         ValueError: a size is not positive; ``head_dim`` is None and ``d_out``
             is not divisible by ``num_heads``; ``num_heads`` is not divisible by ``num_kv_groups``;
             ``dropout`` is outside ``[0, 1)``; with ``rope=True``, ``head_dim``
@@ -151,19 +148,18 @@ class GroupedQueryAttention(MultiHeadAttention):
         rope_base: float = 10000.0,
         head_dim: int | None = None,
         mask_buffer: bool = True,
-        qk_norm: bool = False,
-        sinks: bool = False,
         causal: bool = True,
         attn_implementation: str = "sdpa",
+        **removed: object,
     ) -> None:
+        check_removed_keywords(type(self).__name__, removed)
         check_bool("rope", rope)
         # Multi-head attention's layer, with num_kv_groups key/value heads:
         # W_key and W_value map d_in -> num_kv_groups * head_dim.
         super().__init__(
             d_in, d_out, context_length, dropout, num_heads, qkv_bias, out_bias=out_bias,
-            head_dim=head_dim, mask_buffer=mask_buffer, qk_norm=qk_norm, sinks=sinks,
-            causal=causal, attn_implementation=attn_implementation,
-            num_kv_groups=num_kv_groups,
+            causal=causal, mask_buffer=mask_buffer, attn_implementation=attn_implementation,
+            num_kv_groups=num_kv_groups, head_dim=head_dim,
         )
         self.rope = (
             RotaryPositionalEmbedding(self.head_dim, self.context_length, rope_base)
@@ -171,19 +167,59 @@ class GroupedQueryAttention(MultiHeadAttention):
             else None
         )
 
+    # forward's three typings (Literal[False], Literal[True], bool), as MultiHeadAttention's
+    @overload
+    def forward(self, x: torch.Tensor, return_weights: Literal[False] = ..., *,
+                context: torch.Tensor | None = ..., kv_cache: KVCache | None = ...,
+                key_padding_mask: torch.Tensor | None = ...) -> torch.Tensor: ...
+    @overload
+    def forward(self, x: torch.Tensor, return_weights: Literal[True], *,
+                context: torch.Tensor | None = ..., kv_cache: KVCache | None = ...,
+                key_padding_mask: torch.Tensor | None = ...
+                ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    @overload
+    def forward(self, x: torch.Tensor, return_weights: bool, *,
+                context: torch.Tensor | None = ..., kv_cache: KVCache | None = ...,
+                key_padding_mask: torch.Tensor | None = ...
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+
+    def forward(self, x: torch.Tensor, return_weights: bool = False, *,
+                context: torch.Tensor | None = None, kv_cache: KVCache | None = None,
+                key_padding_mask: torch.Tensor | None = None,
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Multi-head attention's steps with ``num_kv_groups`` key/value heads, and RoPE.
+
+        Arguments, returns and errors as :meth:`attnlib.MultiHeadAttention.forward`
+        (the cache holds ``num_kv_groups`` heads; a module with RoPE refuses a ``context``).
+        """
+        num_cached = self.check_inputs(x, return_weights, context, kv_cache, key_padding_mask)
+        queries, keys, values = self.project(x, context, fused=not return_weights)
+        queries, keys, values = (self.split_heads(t) for t in (queries, keys, values))
+        # queries: (b, num_heads, num_tokens, head_dim); keys, values: (b, num_kv_groups, ...)
+        queries, keys = self.transform_queries_keys(queries, keys, num_cached)  # RoPE
+        if kv_cache is not None:  # after RoPE: the cache keeps rotated keys
+            keys, values = kv_cache.update(keys, values)  # (b, num_kv_groups, N_kv, head_dim)
+        attn_mask, is_causal = self.attention_mask(
+            num_cached, keys.shape[-2], key_padding_mask, fast=not return_weights
+        )
+        # each key/value head serves group_size consecutive query heads
+        context_vec, attn_weights = self.attend(
+            queries, keys, values, attn_mask, is_causal, return_weights
+        )  # (b, num_heads, num_tokens, head_dim)
+        output: torch.Tensor = self.out_proj(self.merge_heads(context_vec))  # (b, N, d_out)
+        if return_weights and attn_weights is not None:  # the readable path's weights
+            return output, attn_weights
+        return output
+
     def transform_queries_keys(
         self, queries: torch.Tensor, keys: torch.Tensor, num_cached: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """QK-norm if the module has it, then RoPE: rotate by position ``num_cached + t``.
-
-        Called by :meth:`attnlib.MultiHeadAttention.forward` before the cache,
-        so that the cache stores rotated keys; values are not rotated.
-        """
-        queries, keys = super().transform_queries_keys(queries, keys, num_cached)
-        if self.rope is not None:
-            queries = self.rope(queries, offset=num_cached)
-            keys = self.rope(keys, offset=num_cached)
-        return queries, keys
+        """RoPE: rotate queries ``(b, num_heads, N, head_dim)`` and keys ``(b,
+        num_kv_groups, N, head_dim)`` by position ``num_cached + t`` (as they are
+        without RoPE). Source: Su et al. (2021), RoFormer, eq. (34)."""
+        if self.rope is None:
+            return queries, keys
+        return self.rope(queries, offset=num_cached), self.rope(keys, offset=num_cached)
 
     def extra_repr(self) -> str:
         return (

@@ -6,12 +6,12 @@ not depend on it; the tests build tiny random models with it):
 
 * :func:`gqa_from_llama_attention` / :func:`gqa_to_llama_attention`: the
   attention of Llama, Mistral, Qwen2 and Qwen3 (``LlamaAttention``,
-  ``MistralAttention``, ``Qwen2Attention``, ``Qwen3Attention``, whose
-  ``q_norm``/``k_norm`` become ``qk_norm=True``) and an
-  :class:`attnlib.GroupedQueryAttention` with RoPE;
+  ``MistralAttention``, ``Qwen2Attention``, ``Qwen3Attention``) and an
+  :class:`attnlib.GroupedQueryAttention` with RoPE (Qwen3's ``q_norm``/``k_norm``:
+  an :class:`attnlib.QKNormSinkAttention` with ``qk_norm=True``);
 * :func:`gqa_from_gpt_oss_attention` / :func:`gqa_to_gpt_oss_attention`:
-  gpt-oss's ``GptOssAttention``, whose per-head ``sinks`` become
-  ``sinks=True``;
+  gpt-oss's ``GptOssAttention``, whose per-head ``sinks`` become an
+  :class:`attnlib.QKNormSinkAttention` with ``sinks=True``;
 * :func:`mha_from_gpt2_attention` / :func:`mha_to_gpt2_attention`: GPT-2's
   ``GPT2Attention`` and an :class:`attnlib.MultiHeadAttention`.
 
@@ -66,7 +66,7 @@ Source: the parameter layouts of ``transformers``' ``modeling_llama.py``,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -76,7 +76,7 @@ from ._validation import check_positive_int, type_name
 from .gqa import GroupedQueryAttention
 from .multihead import MultiHeadAttention
 from .positional import RotaryPositionalEmbedding
-from .sinks import QKNorm
+from .sinks import AttentionSinks, QKNorm, QKNormSinkAttention
 
 __all__ = [
     "gqa_from_llama_attention",
@@ -186,9 +186,10 @@ def gqa_from_llama_attention(hf_attn: Any, context_length: int) -> GroupedQueryA
 
     Works for ``LlamaAttention``, ``MistralAttention``, ``Qwen2Attention`` and
     ``Qwen3Attention`` (and any module with their ``q_proj``/``k_proj``/``v_proj``/``o_proj``
-    layout and a ``config``; Qwen3's ``q_norm``/``k_norm`` give
-    ``qk_norm=True`` with their weights and epsilon); the weights are copied (no memory shared), see
-    the module docstring for the layout. The result has ``rope=True`` with the
+    layout and a ``config``; Qwen3's ``q_norm``/``k_norm`` give an
+    :class:`attnlib.QKNormSinkAttention` with ``qk_norm=True`` and their weights
+    and epsilon); the weights are copied (no memory shared), see the module
+    docstring for the layout. The result has ``rope=True`` with the
     config's ``rope_theta`` and ``rope_type`` (``"default"``, ``"linear"``,
     ``"dynamic"`` is refused, ``"yarn"``, ``"llama3"``: the scaling options of
     :class:`attnlib.RotaryPositionalEmbedding`), ``head_dim`` from the module
@@ -206,7 +207,9 @@ def gqa_from_llama_attention(hf_attn: Any, context_length: int) -> GroupedQueryA
     Returns:
         ``GroupedQueryAttention(hidden_size, hidden_size, context_length,
         attention_dropout, num_attention_heads, num_key_value_heads,
-        qkv_bias, out_bias=..., rope=True, head_dim=head_dim)``.
+        qkv_bias, out_bias=..., rope=True, head_dim=head_dim)``; with QK-norm
+        (Qwen3) ``QKNormSinkAttention(..., qk_norm=True)`` with the same
+        arguments.
 
     Raises:
         TypeError: ``hf_attn`` lacks the Llama layout or a config.
@@ -224,22 +227,23 @@ def gqa_from_llama_attention(hf_attn: Any, context_length: int) -> GroupedQueryA
     return _from_llama_layout(hf_attn, context_length, sinks=False)
 
 
-def gqa_from_gpt_oss_attention(hf_attn: Any, context_length: int) -> GroupedQueryAttention:
-    """Build an :class:`attnlib.GroupedQueryAttention` equal to gpt-oss's attention.
+def gqa_from_gpt_oss_attention(hf_attn: Any, context_length: int) -> QKNormSinkAttention:
+    """Build an :class:`attnlib.QKNormSinkAttention` equal to gpt-oss's attention.
 
     ``GptOssAttention`` is the Llama layout (with biases) plus one learned sink
     logit per query head: the result is built as by
-    :func:`gqa_from_llama_attention`, with ``sinks=True`` and ``sinks.sinks``
-    copied from ``hf_attn.sinks``; RoPE from the config (gpt-oss uses YaRN,
-    ``truncate=False``). Called on the same hidden states the two agree to
-    rounding, with and without a KV cache (``tests/test_interop.py``).
+    :func:`gqa_from_llama_attention`, as a ``QKNormSinkAttention`` with
+    ``sinks=True`` and ``sinks.sinks`` copied from ``hf_attn.sinks``; RoPE from
+    the config (gpt-oss uses YaRN, ``truncate=False``). Called on the same
+    hidden states the two agree to rounding, with and without a KV cache
+    (``tests/test_interop.py``).
 
     Args:
         hf_attn: a ``GptOssAttention`` (``model.model.layers[i].self_attn``).
         context_length: the most positions the new module accepts.
 
     Returns:
-        ``GroupedQueryAttention(..., rope=True, head_dim=head_dim, sinks=True)``.
+        ``QKNormSinkAttention(..., rope=True, head_dim=head_dim, sinks=True)``.
 
     Raises:
         TypeError: ``hf_attn`` lacks the layout, the ``sinks`` or a config.
@@ -251,7 +255,7 @@ def gqa_from_gpt_oss_attention(hf_attn: Any, context_length: int) -> GroupedQuer
     Source: ``transformers``' ``GptOssAttention``; OpenAI (2025), "gpt-oss-120b
     & gpt-oss-20b Model Card", section 2.1.
     """
-    return _from_llama_layout(hf_attn, context_length, sinks=True)
+    return cast(QKNormSinkAttention, _from_llama_layout(hf_attn, context_length, sinks=True))
 
 
 def _from_llama_layout(hf_attn: Any, context_length: int, *, sinks: bool) -> GroupedQueryAttention:
@@ -276,14 +280,17 @@ def _from_llama_layout(hf_attn: Any, context_length: int, *, sinks: bool) -> Gro
     params = _rope_parameters(config)
     rope_type = params.get("rope_type", "default")
     qkv_bias = q_proj.bias is not None
-    new = GroupedQueryAttention(
+    cls = QKNormSinkAttention if qk_norm or sinks else GroupedQueryAttention
+    new = cls(
         hidden, o_proj.out_features, context_length,
         float(getattr(config, "attention_dropout", 0.0)), num_heads, num_kv, qkv_bias,
         out_bias=o_proj.bias is not None, rope=True,
-        rope_base=float(params["rope_theta"]), head_dim=head_dim, qk_norm=qk_norm, sinks=sinks,
+        rope_base=float(params["rope_theta"]), head_dim=head_dim,
     )
-    if new.qk_norm is not None:  # the epsilon of HF's norms
-        new.qk_norm = QKNorm(head_dim, eps=_norm_eps(hf_attn.q_norm))
+    if isinstance(new, QKNormSinkAttention):  # chapter 13's parts, after the layers
+        new.qk_norm = QKNorm(head_dim, eps=_norm_eps(hf_attn.q_norm)) if qk_norm else None
+        new.sinks = AttentionSinks(num_heads) if sinks else None
+    qk_norm_module, sinks_module = _qk_norm_and_sinks(new)
     if rope_type != "default":
         new.rope = RotaryPositionalEmbedding(
             head_dim, context_length, float(params["rope_theta"]), scaling=params
@@ -298,13 +305,22 @@ def _from_llama_layout(hf_attn: Any, context_length: int, *, sinks: bool) -> Gro
             mine.weight.copy_(theirs.weight)  # both (out_features, in_features)
             if theirs.bias is not None:
                 mine.bias.copy_(theirs.bias)
-        if new.qk_norm is not None:
-            new.qk_norm.q_norm.weight.copy_(hf_attn.q_norm.weight)  # (head_dim,)
-            new.qk_norm.k_norm.weight.copy_(hf_attn.k_norm.weight)  # (head_dim,)
-        if new.sinks is not None:
-            new.sinks.sinks.copy_(hf_attn.sinks)  # (num_heads,)
+        if qk_norm_module is not None:
+            qk_norm_module.q_norm.weight.copy_(hf_attn.q_norm.weight)  # (head_dim,)
+            qk_norm_module.k_norm.weight.copy_(hf_attn.k_norm.weight)  # (head_dim,)
+        if sinks_module is not None:
+            sinks_module.sinks.copy_(hf_attn.sinks)  # (num_heads,)
     new.train(hf_attn.training)
     return new
+
+
+def _qk_norm_and_sinks(
+    module: GroupedQueryAttention,
+) -> tuple[QKNorm | None, AttentionSinks | None]:
+    """``module``'s QK-norm and sinks parts (a :class:`QKNormSinkAttention`'s), or None."""
+    if isinstance(module, QKNormSinkAttention):
+        return module.qk_norm, module.sinks
+    return None, None
 
 
 def gqa_to_llama_attention(module: GroupedQueryAttention, hf_attn: Any) -> Any:
@@ -314,7 +330,7 @@ def gqa_to_llama_attention(module: GroupedQueryAttention, hf_attn: Any) -> Any:
     ``LlamaAttention``/``MistralAttention``/``Qwen2Attention``/``Qwen3Attention``
     (build it from a config with the same sizes; its biases decide which
     biases must exist, and its ``q_norm``/``k_norm`` whether ``module`` must
-    have ``qk_norm``).
+    be an :class:`attnlib.QKNormSinkAttention` with ``qk_norm``).
     RoPE is the model's, not the layer's: give the model a config with the
     same ``rope_theta`` and scaling.
 
@@ -337,7 +353,7 @@ def gqa_to_llama_attention(module: GroupedQueryAttention, hf_attn: Any) -> Any:
 
 
 def gqa_to_gpt_oss_attention(module: GroupedQueryAttention, hf_attn: Any) -> Any:
-    """Copy an :class:`attnlib.GroupedQueryAttention` built with ``sinks=True`` into gpt-oss's
+    """Copy an :class:`attnlib.QKNormSinkAttention` built with ``sinks=True`` into gpt-oss's
     attention: the reverse of :func:`gqa_from_gpt_oss_attention`, in place.
 
     Returns:
@@ -357,8 +373,9 @@ def _to_llama_layout(module: GroupedQueryAttention, hf_attn: Any, *, sinks: bool
         raise TypeError(f"module must be an attnlib.GroupedQueryAttention, got "
                         f"{type_name(module)}")
     qk_norm = _check_llama_like(hf_attn, sinks)
-    for name, theirs, mine in (("QK-norm (q_norm, k_norm)", qk_norm, module.qk_norm),
-                               ("sinks", sinks, module.sinks)):
+    qk_norm_module, sinks_module = _qk_norm_and_sinks(module)
+    for name, theirs, mine in (("QK-norm (q_norm, k_norm)", qk_norm, qk_norm_module),
+                               ("sinks", sinks, sinks_module)):
         if theirs != (mine is not None):
             raise ValueError(f"{type_name(hf_attn)} has {'' if theirs else 'no '}{name} "
                              f"but the attnlib module has {'none' if mine is None else 'it'}")
@@ -368,11 +385,11 @@ def _to_llama_layout(module: GroupedQueryAttention, hf_attn: Any, *, sinks: bool
         _LLAMA_PROJECTIONS,
     )
     with torch.no_grad():
-        if module.qk_norm is not None:
-            hf_attn.q_norm.weight.copy_(module.qk_norm.q_norm.weight)
-            hf_attn.k_norm.weight.copy_(module.qk_norm.k_norm.weight)
-        if module.sinks is not None:
-            hf_attn.sinks.copy_(module.sinks.sinks)
+        if qk_norm_module is not None:
+            hf_attn.q_norm.weight.copy_(qk_norm_module.q_norm.weight)
+            hf_attn.k_norm.weight.copy_(qk_norm_module.k_norm.weight)
+        if sinks_module is not None:
+            hf_attn.sinks.copy_(sinks_module.sinks)
     return hf_attn
 
 

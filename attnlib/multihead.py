@@ -23,7 +23,7 @@ the weights, and hence the numbers, are the book's.
 
 from __future__ import annotations
 
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import torch
 import torch.nn as nn
@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from ._heads import (
     check_context,
     check_key_padding_mask,
+    check_removed_keywords,
     num_cached,
     register_causal_mask,
     register_no_mask,
@@ -46,8 +47,6 @@ from .functional import (
     merge_key_padding_mask,
 )
 from .kv_cache import KVCache
-from .positional import RotaryPositionalEmbedding
-from .sinks import AttentionSinks, QKNorm
 
 __all__ = [
     "MultiHeadAttentionWrapper",
@@ -187,10 +186,13 @@ class MultiHeadAttention(nn.Module):
     dropout on its weights, the heads' context vectors are concatenated back to
     ``d_out`` features and mixed by the output projection ``out_proj`` (``W^O``).
 
-    ``forward`` projects (:meth:`project`), adds what the call brings (a KV
-    cache's earlier keys and values), builds the mask (:meth:`attention_mask`),
-    calls :func:`attnlib.functional.attention` and merges the heads. That
-    function has the implementations ``attn_implementation`` names:
+    ``forward`` projects (:meth:`project`), splits the heads
+    (:meth:`split_heads`), adds what the call brings (a KV cache's earlier keys
+    and values), builds the mask (:meth:`attention_mask`), attends
+    (:meth:`attend`, which calls :func:`attnlib.functional.attention`), merges
+    the heads (:meth:`merge_heads`) and applies ``out_proj``. Subclasses build
+    their ``forward`` from these public steps. The attention function has the
+    implementations ``attn_implementation`` names:
 
     * ``"sdpa"`` (default): :func:`torch.nn.functional.scaled_dot_product_attention`
       with ``is_causal=True``, a fused kernel that never stores the
@@ -201,14 +203,14 @@ class MultiHeadAttention(nn.Module):
       causal ``mask`` buffer, which ``forward(x, return_weights=True)`` always
       takes, returning the per-head weights for plotting.
 
-    What later chapters add comes in as parts: ``forward(x,
+    What a call brings comes in as arguments: ``forward(x,
     kv_cache=attnlib.KVCache())`` generates token by token (the keys and values
     of earlier calls are kept in the cache; chapter 9), ``key_padding_mask``
-    hides padded keys, ``context`` gives cross-attention, and the options
-    ``qk_norm`` and ``sinks`` add the modules :class:`attnlib.QKNorm` and
-    :class:`attnlib.AttentionSinks` (chapter 13).
-    :class:`attnlib.GroupedQueryAttention` extends this class with fewer
-    key/value heads and RoPE.
+    hides padded keys, ``context`` gives cross-attention. What later chapters
+    add to the layer lives in subclasses: :class:`attnlib.GroupedQueryAttention`
+    (chapter 9) has fewer key/value heads and RoPE, and
+    :class:`attnlib.QKNormSinkAttention` (chapter 13) adds QK-norm and
+    attention sinks to it.
 
     Parameters are created in the order ``W_query``, ``W_key``, ``W_value``,
     ``out_proj`` (the reference book's), so seeded numbers match it.
@@ -228,29 +230,30 @@ class MultiHeadAttention(nn.Module):
             in the reference book and in ``torch.nn.MultiheadAttention``).
             ``from_torch`` sets it to ``False`` for a torch module built with
             ``bias=False``, whose output projection has no bias.
-        head_dim: keyword-only; features per head. Default None: ``d_out //
-            num_heads``. Given, the projections map ``d_in -> num_heads *
-            head_dim`` and ``out_proj`` maps ``num_heads * head_dim -> d_out``.
+        causal: keyword-only; default True. False: bidirectional
+            self-attention, and cross-attention with ``forward(x,
+            context=...)`` (queries from ``x``, keys and values from
+            ``context``), which equals ``nn.MultiheadAttention(x, context,
+            context)``. A causal module refuses a context.
         mask_buffer: keyword-only; register the ``(context_length,
             context_length)`` bool ``mask`` buffer. Default True. With False,
             ``mask`` is None, no memory grows with ``context_length**2``, and
             each call builds the mask rows it needs
             (:func:`attnlib.functional.bottom_right_causal_mask`) or lets
             ``is_causal=True`` apply them; the outputs are the same.
-        qk_norm, sinks: keyword-only; QK-norm (Qwen3) and learned attention
-            sinks (gpt-oss), see :mod:`attnlib.sinks`. Default False.
-        causal: keyword-only; default True. False: bidirectional
-            self-attention, and cross-attention with ``forward(x,
-            context=...)`` (queries from ``x``, keys and values from
-            ``context``), which equals ``nn.MultiheadAttention(x, context,
-            context)``. A causal module refuses a context.
         attn_implementation: keyword-only; one of
             :data:`attnlib.functional.ATTN_IMPLEMENTATIONS`, the path of
             ``forward`` without ``return_weights``. Default ``"sdpa"``. An
             attribute: set it to switch.
-        num_kv_groups: keyword-only; key/value heads, dividing ``num_heads``.
-            Default None: ``num_heads``, multi-head attention;
-            :class:`attnlib.GroupedQueryAttention` passes fewer.
+        num_kv_groups, head_dim: keyword-only; the layout of the projections
+            that :class:`attnlib.GroupedQueryAttention` passes (as
+            ``kdim``/``vdim`` are ``nn.MultiheadAttention``'s):
+            ``num_kv_groups`` key/value heads, dividing ``num_heads`` (default
+            None: ``num_heads``), of ``head_dim`` features each (default None:
+            ``d_out // num_heads``). Given, ``W_query`` maps ``d_in -> num_heads
+            * head_dim``, ``W_key`` and ``W_value`` map ``d_in -> num_kv_groups
+            * head_dim``, and ``out_proj`` maps ``num_heads * head_dim ->
+            d_out``; the parameters are created in the same order either way.
 
     Attributes:
         W_query: ``nn.Linear(d_in, d_out, bias=qkv_bias)`` (``num_heads *
@@ -260,12 +263,6 @@ class MultiHeadAttention(nn.Module):
             ``num_heads * head_dim`` if ``head_dim`` was given).
         head_dim: ``d_out // num_heads`` unless given.
         num_kv_groups, group_size: ``num_heads`` and 1 unless given.
-        rope: None (:class:`attnlib.GroupedQueryAttention` with ``rope=True``
-            holds a :class:`attnlib.RotaryPositionalEmbedding` there).
-        qk_norm: the :class:`attnlib.QKNorm` (``state_dict`` keys
-            ``qk_norm.q_norm.weight``, ``qk_norm.k_norm.weight``), or None.
-        sinks: the :class:`attnlib.AttentionSinks` (``sinks.sinks``,
-            ``(num_heads,)``), or None.
         causal: bool. attn_implementation: str.
         dropout_p: the attention-weight dropout probability (a float; set it
             to change the dropout).
@@ -301,9 +298,19 @@ class MultiHeadAttention(nn.Module):
         (``{k: v for k, v in sd.items() if not k.endswith("mask")}`` with
         ``strict=False``) when loading attnlib's weights there.
 
+    Note:
+        Forward hooks on ``W_query``, ``W_key`` and ``W_value`` do not run on
+        the fused path of :meth:`project` (gradients on and
+        ``return_weights=False``), which applies their three weights as one
+        ``F.linear`` without calling the layers: a hook there, to record or
+        change a projection, needs ``return_weights=True`` or
+        ``torch.no_grad()`` (as :func:`attnlib.training.ablate_head_into` does).
+        Hooks on ``out_proj`` always run.
+
     Raises:
-        TypeError: a size is not an int, ``dropout`` is not a float, or a flag
-            is not a bool.
+        TypeError: a size is not an int, ``dropout`` is not a float, a flag
+            is not a bool, or an unknown keyword is given (the removed
+            ``qk_norm`` and ``sinks`` name :class:`attnlib.QKNormSinkAttention`).
         ValueError: ``d_in``, ``d_out``, ``context_length``, ``num_heads``,
             ``num_kv_groups`` or ``head_dim`` is not positive; ``head_dim`` is
             None and ``d_out`` is not divisible by ``num_heads``;
@@ -317,7 +324,6 @@ class MultiHeadAttention(nn.Module):
     """
 
     mask: torch.Tensor | None  # register_causal_mask's buffer; None with mask_buffer=False
-    rope: RotaryPositionalEmbedding | None
 
     def __init__(
         self,
@@ -329,14 +335,14 @@ class MultiHeadAttention(nn.Module):
         qkv_bias: bool = False,
         *,
         out_bias: bool = True,
-        head_dim: int | None = None,
-        mask_buffer: bool = True,
-        qk_norm: bool = False,
-        sinks: bool = False,
         causal: bool = True,
+        mask_buffer: bool = True,
         attn_implementation: str = "sdpa",
         num_kv_groups: int | None = None,
+        head_dim: int | None = None,
+        **removed: object,
     ) -> None:
+        check_removed_keywords(type(self).__name__, removed)
         for name, size in (("d_in", d_in), ("d_out", d_out), ("context_length", context_length)):
             check_positive_int(name, size)
         check_dropout(dropout)
@@ -344,8 +350,7 @@ class MultiHeadAttention(nn.Module):
         num_kv_groups = num_heads if num_kv_groups is None else num_kv_groups
         check_positive_int("num_kv_groups", num_kv_groups)
         for name, flag in (("qkv_bias", qkv_bias), ("out_bias", out_bias),
-                           ("mask_buffer", mask_buffer), ("qk_norm", qk_norm),
-                           ("sinks", sinks), ("causal", causal)):
+                           ("mask_buffer", mask_buffer), ("causal", causal)):
             check_bool(name, flag)
         head_dim = resolve_head_dim(d_out, num_heads, head_dim)
         if num_heads % num_kv_groups != 0:
@@ -366,10 +371,6 @@ class MultiHeadAttention(nn.Module):
         self.W_key = nn.Linear(d_in, kv_dim, bias=qkv_bias)
         self.W_value = nn.Linear(d_in, kv_dim, bias=qkv_bias)
         self.out_proj = nn.Linear(q_dim, d_out, bias=out_bias)
-        self.rope = None  # no positions inside the layer: GroupedQueryAttention may add RoPE
-        # Created after out_proj, so that without them the parameters are the same.
-        self.qk_norm = QKNorm(self.head_dim) if qk_norm else None
-        self.sinks = AttentionSinks(self.num_heads) if sinks else None
         self.causal = bool(causal)
         self.attn_implementation = _check_implementation(attn_implementation)
         if mask_buffer and causal:
@@ -420,8 +421,8 @@ class MultiHeadAttention(nn.Module):
             return_weights: take the readable path and also return the
                 per-head attention weights. Default ``False`` (the path of
                 ``attn_implementation``).
-            context: keyword-only; for a module built with ``causal=False``
-                (and without RoPE): ``(batch, num_tokens_kv, d_in)``, the
+            context: keyword-only; for a module built with ``causal=False``:
+                ``(batch, num_tokens_kv, d_in)``, the
                 sequence the keys and values come from (cross-attention: an
                 encoder's output). Not with a ``kv_cache``. Default None:
                 self-attention.
@@ -444,12 +445,12 @@ class MultiHeadAttention(nn.Module):
                 Default None.
 
         Returns:
-            ``context_vec``: ``(batch, num_tokens, d_out)``. With
-            ``return_weights=True``, the pair ``(context_vec, attn_weights)``,
-            ``attn_weights`` being ``(batch, num_heads, num_tokens, num_tokens)``
-            (``num_cached + num_tokens`` columns with a cache, ``num_tokens_kv``
-            with a context): the weights applied to the values, after dropout;
-            with sinks each row sums to less than 1.
+            ``output``: ``(batch, num_tokens, d_out)``, the heads' context
+            vectors mixed by ``out_proj``. With ``return_weights=True``, the
+            pair ``(output, attn_weights)``, ``attn_weights`` being ``(batch,
+            num_heads, num_tokens, num_tokens)`` (``num_cached + num_tokens``
+            columns with a cache, ``num_tokens_kv`` with a context): the
+            weights applied to the values, after dropout.
 
         Raises:
             TypeError: ``x`` is not a floating-point tensor or its dtype
@@ -463,37 +464,28 @@ class MultiHeadAttention(nn.Module):
                 ``context`` (see :meth:`check_inputs`).
         """
         num_cached = self.check_inputs(x, return_weights, context, kv_cache, key_padding_mask)
-        b, num_tokens, _ = x.shape
         # Step 1: project (one GEMM of the three weights side by side on the fast path).
         queries, keys, values = self.project(x, context, fused=not return_weights)
         # queries: (b, num_tokens, num_heads * head_dim); keys, values: (b, N_kv, ...)
         # Steps 2-3: split the features into heads of head_dim; heads before tokens.
-        queries = queries.view(b, num_tokens, -1, self.head_dim).transpose(1, 2)
-        keys = keys.view(b, keys.shape[1], -1, self.head_dim).transpose(1, 2)
-        values = values.view(b, values.shape[1], -1, self.head_dim).transpose(1, 2)
+        queries, keys, values = (self.split_heads(t) for t in (queries, keys, values))
         # queries: (b, num_heads, num_tokens, head_dim); keys, values: (b, heads, N_kv, head_dim)
-        queries, keys = self.transform_queries_keys(queries, keys, num_cached)
         if kv_cache is not None:  # generation: the earlier tokens' keys and values come first
             keys, values = kv_cache.update(keys, values)  # (b, heads, num_cached + N, head_dim)
 
-        # Steps 4-6: scores, mask, softmax and weighted sum, in one function.
+        # Steps 4-6: scores, mask, softmax and weighted sum (attend: functional.attention).
         attn_mask, is_causal = self.attention_mask(
             num_cached, keys.shape[-2], key_padding_mask, fast=not return_weights
         )  # True = may attend; or None with is_causal=True, which applies the same mask
-        context_vec, attn_weights = attention(
-            queries, keys, values, attn_mask, is_causal=is_causal,
-            dropout_p=self.dropout_p if self.training else 0.0,
-            sinks=None if self.sinks is None else self.sinks.sinks,
-            implementation="readable" if return_weights else self.attn_implementation,
+        context_vec, attn_weights = self.attend(
+            queries, keys, values, attn_mask, is_causal, return_weights
         )  # (b, num_heads, num_tokens, head_dim), weights (b, num_heads, num_tokens, N_kv)
 
-        # Steps 7-8: heads back side by side (reshape copies), then the output projection.
-        context_vec = context_vec.transpose(1, 2).reshape(b, num_tokens, -1)
-        # context_vec: (b, num_tokens, num_heads * head_dim), d_out unless head_dim was given
-        context_vec = self.out_proj(context_vec)  # (b, num_tokens, d_out)
+        # Steps 7-8: heads back side by side, then the output projection.
+        output: torch.Tensor = self.out_proj(self.merge_heads(context_vec))  # (b, N, d_out)
         if return_weights and attn_weights is not None:  # the readable path's weights
-            return context_vec, attn_weights
-        return context_vec
+            return output, attn_weights
+        return output
 
     def check_inputs(
         self,
@@ -531,6 +523,12 @@ class MultiHeadAttention(nn.Module):
         three layers are applied one by one, which on the CPU is as fast as
         one fused GEMM (``tests/test_attention.py`` checks the values agree).
 
+        The fused path does not call ``W_query``, ``W_key`` and ``W_value`` as
+        modules, so **their forward hooks do not run** there (nor their
+        forward pre-hooks); the layers' own ``forward`` is bypassed too. A
+        hook on a projection needs ``fused=False``: ``forward(x,
+        return_weights=True)``, or any call under ``torch.no_grad()``.
+
         Args:
             x: ``(batch, num_tokens, d_in)``.
             context: ``(batch, num_tokens_kv, d_in)`` or None (self-attention).
@@ -556,19 +554,71 @@ class MultiHeadAttention(nn.Module):
             queries, keys, values = self.W_query(x), self.W_key(source), self.W_value(source)
         return queries, keys, values
 
-    def transform_queries_keys(
-        self, queries: torch.Tensor, keys: torch.Tensor, num_cached: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """What acts on the split queries and keys before the scores: the parts.
+    def split_heads(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Features into heads of ``head_dim``, heads before tokens: steps 2-3 of ``forward``.
 
-        Here QK-norm (``qk_norm``, chapter 13) if the module has it; without it
-        the inputs come back as they are. :class:`attnlib.GroupedQueryAttention`
-        adds RoPE after it. ``num_cached`` is the position of the first new
-        token (the tokens a KV cache holds).
+        Args:
+            tensor: queries ``(batch, num_tokens, num_heads * head_dim)``, or
+                keys or values ``(batch, num_tokens_kv, num_kv_groups * head_dim)``.
+
+        Returns:
+            ``(batch, heads, num_tokens, head_dim)``: a view (``view``, then
+            ``transpose``; no copy), ``heads`` being ``num_heads`` for the
+            queries and ``num_kv_groups`` for keys and values.
         """
-        if self.qk_norm is not None:  # RMSNorm of each head, before RoPE (Qwen3)
-            queries, keys = self.qk_norm(queries, keys)
-        return queries, keys
+        b, num_tokens, _ = tensor.shape
+        return tensor.view(b, num_tokens, -1, self.head_dim).transpose(1, 2)
+
+    def attend(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        is_causal: bool,
+        return_weights: bool = False,
+        **options: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Scores, mask, softmax and weighted sum: steps 4-6 of ``forward``.
+
+        :func:`attnlib.functional.attention` with the module's dropout (in
+        training mode only) on the path ``attn_implementation`` names, or on
+        the readable path with ``return_weights=True``.
+
+        Args:
+            queries: ``(batch, num_heads, num_tokens, head_dim)``.
+            keys, values: ``(batch, num_kv_groups, num_tokens_kv, head_dim)``.
+            attn_mask, is_causal: from :meth:`attention_mask` (True = may attend).
+            return_weights: take the readable path, which returns the weights.
+                Default ``False``.
+            **options: further keywords of :func:`attnlib.functional.attention`
+                that a subclass adds (``sinks`` in
+                :class:`attnlib.QKNormSinkAttention`).
+
+        Returns:
+            ``(context_vec, attn_weights)``: ``(batch, num_heads, num_tokens,
+            head_dim)`` and, on the readable path, ``(batch, num_heads,
+            num_tokens, num_tokens_kv)`` (else None).
+        """
+        return attention(
+            queries, keys, values, attn_mask, is_causal=is_causal,
+            dropout_p=self.dropout_p if self.training else 0.0,
+            implementation="readable" if return_weights else self.attn_implementation,
+            **options,
+        )
+
+    def merge_heads(self, context_vec: torch.Tensor) -> torch.Tensor:
+        """Heads back side by side: step 7 of ``forward`` (``reshape`` copies).
+
+        Args:
+            context_vec: ``(batch, num_heads, num_tokens, head_dim)``.
+
+        Returns:
+            ``(batch, num_tokens, num_heads * head_dim)`` (``d_out`` unless
+            ``head_dim`` was given).
+        """
+        b, _, num_tokens, _ = context_vec.shape
+        return context_vec.transpose(1, 2).reshape(b, num_tokens, -1)
 
     def attention_mask(
         self,
@@ -612,13 +662,11 @@ class MultiHeadAttention(nn.Module):
         )
 
     def options_repr(self) -> str:
-        """The non-default options, for ``extra_repr``: ``", causal=False, sinks=True"``."""
+        """The non-default options, for ``extra_repr``: ``", causal=False"``."""
         return "".join(
             f", {name}={value!r}"
             for name, value, default in (
                 ("causal", self.causal, True),
-                ("qk_norm", self.qk_norm is not None, False),
-                ("sinks", self.sinks is not None, False),
                 ("attn_implementation", self.attn_implementation, "sdpa"),
             )
             if value != default

@@ -16,12 +16,16 @@ so a row may sum to less than 1 and a head can attend to "nothing".
 keys (with a learned per-feature gain) before RoPE, which bounds the attention
 logits and steadies training.
 
-Both are written so that a multi-head ``forward`` needs one line each:
+Both are parts a multi-head ``forward`` calls in one line each:
 
 .. code-block:: python
 
     queries, keys = self.qk_norm(queries, keys)           # QKNorm, before RoPE
     context_vec = self.sinks(queries, keys, values, attn_mask=allowed)  # AttentionSinks
+
+:class:`QKNormSinkAttention` is :class:`attnlib.GroupedQueryAttention` with
+both (chapter 13): it extends the grouped-query layer's RoPE step with QK-norm
+and its attention step with the sink logits.
 
 Shape legend: ``(batch, num_heads, num_tokens, head_dim)`` for queries,
 ``(batch, num_kv_groups, num_tokens_kv, head_dim)`` for keys and values
@@ -30,13 +34,22 @@ Shape legend: ``(batch, num_heads, num_tokens, head_dim)`` for queries,
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn as nn
 
-from ._validation import check_float_tensor, check_positive_int
+from ._validation import check_bool, check_float_tensor, check_positive_int
 from .functional import attention, softmax_with_sinks
+from .gqa import GroupedQueryAttention
 
-__all__ = ["softmax_with_sinks", "sink_attention", "AttentionSinks", "QKNorm"]
+__all__ = [
+    "softmax_with_sinks",
+    "sink_attention",
+    "AttentionSinks",
+    "QKNorm",
+    "QKNormSinkAttention",
+]
 
 
 def sink_attention(
@@ -177,3 +190,93 @@ class QKNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}"
+
+
+class QKNormSinkAttention(GroupedQueryAttention):
+    """Grouped-query attention with QK-norm (Qwen3) and attention sinks (gpt-oss).
+
+    :class:`attnlib.GroupedQueryAttention` (its ``forward`` unchanged) with two
+    options of current models, each a part created after the parent's layers,
+    so that the seeded ``W_query``, ``W_key``, ``W_value`` and ``out_proj`` are
+    the same with and without them:
+
+    * ``qk_norm=True``: a :class:`QKNorm` RMS-normalises each query and key
+      head (a learned gain per feature) after the head split and before RoPE,
+      in :meth:`transform_queries_keys`, as Qwen3, OLMo 2 and Gemma 3 do;
+    * ``sinks=True``: an :class:`AttentionSinks` gives each query head a
+      learned sink logit (initialised to 0) that joins its softmax's
+      denominator, so a head may attend to "nothing", as gpt-oss does; its
+      ``sinks`` go into :func:`attnlib.functional.attention` in :meth:`attend`,
+      on every path (the ``"flash"`` path has no sinks and refuses them).
+
+    With both False it computes what :class:`attnlib.GroupedQueryAttention`
+    computes.
+
+    Args:
+        d_in, d_out, context_length, dropout, num_heads, num_kv_groups,
+            qkv_bias: as :class:`attnlib.GroupedQueryAttention`.
+        qk_norm: keyword-only; add the :class:`QKNorm`. Default False.
+        sinks: keyword-only; add the :class:`AttentionSinks`. Default False.
+        **options: :class:`attnlib.GroupedQueryAttention`'s keyword-only
+            arguments (``out_bias``, ``rope``, ``rope_base``, ``head_dim``,
+            ``mask_buffer``, ``causal``, ``attn_implementation``), passed on;
+            any other keyword is a TypeError.
+
+    Attributes:
+        qk_norm: the :class:`QKNorm` (``state_dict`` keys
+            ``qk_norm.q_norm.weight``, ``qk_norm.k_norm.weight``, each
+            ``(head_dim,)``), or None.
+        sinks: the :class:`AttentionSinks` (``sinks.sinks``, ``(num_heads,)``),
+            or None.
+        The others as :class:`attnlib.GroupedQueryAttention`; the parameters
+        come in the order ``W_query``, ``W_key``, ``W_value``, ``out_proj``,
+        then ``qk_norm``'s and ``sinks``.
+
+    Raises:
+        TypeError: as :class:`attnlib.GroupedQueryAttention`, or ``qk_norm``
+            or ``sinks`` is not a bool.
+        ValueError: as :class:`attnlib.GroupedQueryAttention`.
+
+    Source: Dehghani et al. (2023), "Scaling Vision Transformers to 22
+    Billion Parameters", section 3.1, and Qwen team (2025), "Qwen3 Technical
+    Report", section 2 (QK-norm); OpenAI (2025), "gpt-oss-120b & gpt-oss-20b
+    Model Card", section 2.1 (sinks).
+    """
+
+    def __init__(self, d_in: int, d_out: int, context_length: int, dropout: float,
+                 num_heads: int, num_kv_groups: int, qkv_bias: bool = False, *,
+                 qk_norm: bool = False, sinks: bool = False, **options: Any) -> None:
+        check_bool("qk_norm", qk_norm)
+        check_bool("sinks", sinks)
+        super().__init__(d_in, d_out, context_length, dropout, num_heads, num_kv_groups,
+                         qkv_bias, **options)  # GroupedQueryAttention's keyword-only options
+        # Created after the parent's layers, so that the seeded weights are the same.
+        self.qk_norm = QKNorm(self.head_dim) if qk_norm else None
+        self.sinks = AttentionSinks(self.num_heads) if sinks else None
+
+    def transform_queries_keys(
+        self, queries: torch.Tensor, keys: torch.Tensor, num_cached: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """QK-norm of each head if the module has it, then RoPE (Qwen3's order).
+
+        Shapes as :meth:`attnlib.GroupedQueryAttention.transform_queries_keys`.
+        """
+        if self.qk_norm is not None:  # RMSNorm of each head, before RoPE
+            queries, keys = self.qk_norm(queries, keys)
+        return super().transform_queries_keys(queries, keys, num_cached)
+
+    def attend(self, *args: Any, **options: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`attnlib.MultiHeadAttention.attend` (same arguments and shapes) with
+        the sink logits, if any: the readable path's weights then sum to less than 1."""
+        if self.sinks is not None:  # gpt-oss: each head's sink logit joins its softmax
+            options["sinks"] = self.sinks.sinks  # (num_heads,)
+        return super().attend(*args, **options)
+
+    def options_repr(self) -> str:
+        """:meth:`attnlib.MultiHeadAttention.options_repr` plus ``qk_norm=True``,
+        ``sinks=True`` where set."""
+        return super().options_repr() + "".join(
+            f", {name}=True"
+            for name, part in (("qk_norm", self.qk_norm), ("sinks", self.sinks))
+            if part is not None
+        )

@@ -353,7 +353,11 @@ def ablate_head_into(
     of ``o_h`` stays. Everything runs in the model's own forward pass (with
     ``return_weights=True``): hooks read ``o_h`` where the source layer's
     ``out_proj`` reads its heads, and replace the output of the target
-    layer's cut projections (``W_query``, ``W_key``, ``W_value``).
+    layer's cut projections (``W_query``, ``W_key``, ``W_value``). Those hooks
+    run because that pass takes the readable path, under ``torch.no_grad()``:
+    the fused path of :meth:`attnlib.MultiHeadAttention.project` applies the
+    three weights without calling the projections, and their hooks would not
+    run (a forward that skips them raises the RuntimeError below).
 
     Args:
         model: an :class:`attnlib.models.TinyTransformer` whose blocks use
@@ -387,6 +391,8 @@ def ablate_head_into(
             is not a ``MultiHeadAttention``, the model shares keys and values
             between blocks, or ``inputs`` is not accepted by the model's
             ``forward``.
+        RuntimeError: the target layer's forward did not call a cut
+            projection as a module, so its hook could not cut it.
 
     Source: Elhage et al. (2021), "A Mathematical Framework for Transformer
     Circuits", section "Two-Layer Attention-Only Transformers": Q-, K- and

@@ -138,8 +138,15 @@ def test_grouped_query_attention_extends_multi_head_attention():
     assert issubclass(GroupedQueryAttention, MultiHeadAttention)
     assert not issubclass(MultiHeadAttention, GroupedQueryAttention)
     assert MultiHeadAttention.__bases__ == (torch.nn.Module,)
-    # GroupedQueryAttention keeps chapter 6's forward; it adds RoPE in one method.
-    assert GroupedQueryAttention.forward is MultiHeadAttention.forward
+    # Chapter 6's forward has no hook for later chapters; GroupedQueryAttention's own
+    # forward is built from its public steps, which it does not write again, plus RoPE.
+    assert not hasattr(MultiHeadAttention, "transform_queries_keys")
+    assert GroupedQueryAttention.forward is not MultiHeadAttention.forward
+    for step in ("check_inputs", "project", "split_heads", "attention_mask", "attend",
+                 "merge_heads"):
+        assert getattr(GroupedQueryAttention, step) is getattr(MultiHeadAttention, step)
+    for name in ("qk_norm", "sinks", "rope"):
+        assert not hasattr(MultiHeadAttention(4, 4, 8, 0.0, 2), name)
 
 
 def test_attention_mask_slices_the_buffer_or_builds_the_rows():

@@ -48,8 +48,9 @@ def _reference(m: GroupedQueryAttention, x: torch.Tensor) -> torch.Tensor:
         qh = q[..., h * hd : (h + 1) * hd]
         j = h // r  # key/value head j serves query heads j*r ... j*r + r - 1
         kh, vh = k[..., j * hd : (j + 1) * hd], v[..., j * hd : (j + 1) * hd]
-        if m.rope is not None:
-            qh, kh = _rotate(qh, m.rope.base), _rotate(kh, m.rope.base)
+        rope = getattr(m, "rope", None)  # MultiHeadAttention has no RoPE
+        if rope is not None:
+            qh, kh = _rotate(qh, rope.base), _rotate(kh, rope.base)
         scores = qh @ kh.transpose(-2, -1) / math.sqrt(hd)
         scores = scores.masked_fill(~causal_mask(n), float("-inf"))
         heads.append(torch.softmax(scores, dim=-1) @ vh)

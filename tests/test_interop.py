@@ -7,7 +7,7 @@ import torch
 import transformers  # a pinned test dependency: no importorskip
 from torch.testing import assert_close
 
-from attnlib import GroupedQueryAttention, KVCache, MultiHeadAttention
+from attnlib import GroupedQueryAttention, KVCache, MultiHeadAttention, QKNormSinkAttention
 from attnlib.interop import (
     gqa_from_gpt_oss_attention,
     gqa_from_llama_attention,
@@ -96,7 +96,10 @@ def test_gqa_from_llama_family_equals_transformers(case, dtype):
     hf_attn = model.model.layers[0].self_attn
     module = gqa_from_llama_attention(hf_attn, context_length=64)
     assert isinstance(module, GroupedQueryAttention) and module.rope is not None
-    assert (module.qk_norm is not None) == (family == "qwen3") and module.sinks is None
+    # Qwen3's q_norm/k_norm make it chapter 13's subclass; the others stay plain
+    assert isinstance(module, QKNormSinkAttention) == (family == "qwen3")
+    if family == "qwen3":
+        assert module.qk_norm is not None and module.sinks is None
     tol = QWEN3_FLOAT64 if (family, dtype) == ("qwen3", torch.float64) else TOL[dtype]
     assert module.W_query.weight.dtype == dtype and not module.training
     # transformers computes RoPE's angles in float32 whatever the dtype (its rotary
@@ -145,8 +148,8 @@ def test_qwen3_round_trip_and_other_qk_norms_refused():
     module = gqa_from_llama_attention(hf_attn, 64)
     assert module.qk_norm.q_norm.eps == hf_attn.q_norm.variance_epsilon
     torch.manual_seed(5)
-    other = GroupedQueryAttention(32, 32, 64, 0.0, 4, 2, rope=True, head_dim=16,
-                                  qk_norm=True, out_bias=False).double().eval()
+    other = QKNormSinkAttention(32, 32, 64, 0.0, 4, 2, rope=True, head_dim=16,
+                                qk_norm=True, out_bias=False).double().eval()
     with torch.no_grad():
         other.qk_norm.k_norm.weight.normal_()
     gqa_to_llama_attention(other, hf_attn)
@@ -201,6 +204,7 @@ def _hf_gpt_oss_steps(config, hf_attn, rotary, x, prefix):
 def test_gqa_from_gpt_oss_attention_equals_transformers(dtype):
     config, hf_attn, rotary = _gpt_oss(dtype)
     module = gqa_from_gpt_oss_attention(hf_attn, context_length=64)
+    assert isinstance(module, QKNormSinkAttention)
     assert module.sinks is not None and module.qk_norm is None
     assert module.rope.scaling["rope_type"] == "yarn"
     cos, sin = rotary(torch.zeros(1, dtype=dtype), torch.arange(64)[None])  # (1, 64, hd/2)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from attnlib import GroupedQueryAttention, KVCache, MultiHeadAttention
+from attnlib import GroupedQueryAttention, KVCache, MultiHeadAttention, QKNormSinkAttention
 from attnlib.functional import causal_mask
 
 TOL = {"atol": 1e-12, "rtol": 1e-10}
@@ -121,8 +121,8 @@ def test_cross_attention_key_padding_mask_on_context_equals_torch(return_weights
 
 def test_cross_attention_with_gqa_and_options():
     torch.manual_seed(5)
-    gqa = GroupedQueryAttention(10, 12, 8, 0.0, 4, 2, causal=False, qk_norm=True,
-                                sinks=True).double().eval()
+    gqa = QKNormSinkAttention(10, 12, 8, 0.0, 4, 2, causal=False, qk_norm=True,
+                              sinks=True).double().eval()
     x, context = torch.randn(2, 3, 10, dtype=torch.float64), torch.randn(2, 6, 10,
                                                                          dtype=torch.float64)
     fast = gqa(x, context=context)

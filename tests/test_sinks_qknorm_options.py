@@ -1,7 +1,9 @@
-"""The qk_norm=True and sinks=True options of GroupedQueryAttention and
-MultiHeadAttention: defaults unchanged, both paths and the KV cache equal to a
-reference assembled from attnlib.sinks, gradients reaching the sinks on both
-paths. (Against transformers' Qwen3 and gpt-oss: tests/test_interop.py.)"""
+"""attnlib.QKNormSinkAttention, GroupedQueryAttention with chapter 13's qk_norm=True
+and sinks=True: the parent's seeded weights unchanged, both paths and the KV cache
+equal to a reference assembled from attnlib.sinks, gradients reaching the sinks on
+both paths, and the old keywords of MultiHeadAttention and GroupedQueryAttention
+refused with a pointer to it. (Against transformers' Qwen3 and gpt-oss:
+tests/test_interop.py.)"""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from attnlib import GroupedQueryAttention, KVCache, MultiHeadAttention
+from attnlib import GroupedQueryAttention, KVCache, MultiHeadAttention, QKNormSinkAttention
 from attnlib.sinks import sink_attention
 
 TOL = {"atol": 1e-12, "rtol": 1e-10}
@@ -19,8 +21,8 @@ TOL = {"atol": 1e-12, "rtol": 1e-10}
 
 def _module(qk_norm, sinks, rope=True, num_kv_groups=2, seed=0):
     torch.manual_seed(seed)
-    module = GroupedQueryAttention(10, 12, 16, 0.0, 4, num_kv_groups, True, rope=rope,
-                                   head_dim=6, qk_norm=qk_norm, sinks=sinks).double().eval()
+    module = QKNormSinkAttention(10, 12, 16, 0.0, 4, num_kv_groups, True, rope=rope,
+                                 head_dim=6, qk_norm=qk_norm, sinks=sinks).double().eval()
     with torch.no_grad():  # gains and sinks away from their initial 1 and 0
         for name, p in module.named_parameters():
             if "norm" in name or name.startswith("sinks"):
@@ -84,25 +86,36 @@ def test_each_option_changes_the_output():
 
 def test_defaults_keep_parameters_and_state_dict_keys():
     torch.manual_seed(0)
-    plain = MultiHeadAttention(8, 8, 6, 0.0, 2)
+    plain = GroupedQueryAttention(8, 8, 6, 0.0, 2, 2, rope=True)
     torch.manual_seed(0)
-    both = MultiHeadAttention(8, 8, 6, 0.0, 2, qk_norm=True, sinks=True)
-    assert plain.qk_norm is None and plain.sinks is None and plain.causal
+    both = QKNormSinkAttention(8, 8, 6, 0.0, 2, 2, rope=True, qk_norm=True, sinks=True)
+    torch.manual_seed(0)
+    neither = QKNormSinkAttention(8, 8, 6, 0.0, 2, 2, rope=True)
+    assert neither.qk_norm is None and neither.sinks is None and neither.causal
     extra = set(both.state_dict()) - set(plain.state_dict())
     assert extra == {"qk_norm.q_norm.weight", "qk_norm.k_norm.weight", "sinks.sinks"}
-    assert set(plain.state_dict()) == {"mask", "W_query.weight", "W_key.weight",
-                                       "W_value.weight", "out_proj.weight", "out_proj.bias"}
-    for name, p in plain.named_parameters():  # same seeded weights: options are created last
+    assert set(plain.state_dict()) == set(neither.state_dict()) == {
+        "mask", "W_query.weight", "W_key.weight", "W_value.weight", "out_proj.weight",
+        "out_proj.bias"}
+    # the parts are created after the parent's layers: the same seeded weights, first
+    names = [name for name, _ in both.named_parameters()]
+    assert names == [name for name, _ in plain.named_parameters()] + [
+        "qk_norm.q_norm.weight", "qk_norm.k_norm.weight", "sinks.sinks"]
+    for name, p in plain.named_parameters():
         assert torch.equal(p, both.get_parameter(name))
     assert both.sinks.sinks.shape == (2,) and both.qk_norm.q_norm.weight.shape == (4,)
-    assert "qk_norm=True, sinks=True" in repr(both) and "qk_norm" not in repr(plain)
+    assert "qk_norm=True, sinks=True" in repr(both) and "qk_norm" not in repr(neither)
+    assert repr(neither).replace("QKNormSinkAttention", "GroupedQueryAttention") == repr(plain)
+    x = torch.randn(2, 5, 8)
+    with torch.no_grad():
+        assert torch.equal(neither.eval()(x), plain.eval()(x))
 
 
-@pytest.mark.parametrize("cls", [MultiHeadAttention, GroupedQueryAttention])
-def test_gradients_reach_sinks_and_gains_equally_on_both_paths(cls):
+@pytest.mark.parametrize("num_kv_groups", [1, 4])
+def test_gradients_reach_sinks_and_gains_equally_on_both_paths(num_kv_groups):
     torch.manual_seed(3)
-    args = (10, 12, 16, 0.0, 4) + (() if cls is MultiHeadAttention else (2,))
-    module = cls(*args, qk_norm=True, sinks=True).double()
+    module = QKNormSinkAttention(10, 12, 16, 0.0, 4, num_kv_groups, qk_norm=True,
+                                 sinks=True).double()
     with torch.no_grad():
         module.sinks.sinks.normal_()
     x = torch.randn(2, 7, 10, dtype=torch.float64)
@@ -135,24 +148,36 @@ def test_sinks_with_fully_padded_rows_give_zeros():
             assert_close(out[1, 3:], _reference(module, x, allowed)[1, 3:], **TOL)
 
 
-def test_mha_with_options_equals_gqa_with_one_kv_head_per_query_head():
-    torch.manual_seed(4)
-    mha = MultiHeadAttention(8, 8, 6, 0.0, 2, qk_norm=True, sinks=True,
-                             mask_buffer=True).double().eval()
-    gqa = GroupedQueryAttention(8, 8, 6, 0.0, 2, 2, qk_norm=True, sinks=True).double().eval()
-    with torch.no_grad():
-        mha.sinks.sinks.normal_()
-    gqa.load_state_dict(mha.state_dict())
-    x = torch.randn(3, 6, 8, dtype=torch.float64)
-    with torch.no_grad():
-        assert_close(mha(x), gqa(x), **TOL)
-        assert_close(mha(x, True)[1], gqa(x, True)[1], **TOL)
+def test_flash_path_refuses_sinks():
+    module = QKNormSinkAttention(8, 8, 6, 0.0, 2, 1, sinks=True, attn_implementation="flash")
+    with pytest.raises(ValueError, match="sinks"):
+        module(torch.randn(1, 4, 8))
 
 
 def test_option_flags_are_checked():
     with pytest.raises(TypeError, match="qk_norm"):
-        GroupedQueryAttention(8, 8, 6, 0.0, 2, 1, qk_norm=1)  # type: ignore[arg-type]
+        QKNormSinkAttention(8, 8, 6, 0.0, 2, 1, qk_norm=1)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="sinks"):
-        MultiHeadAttention(8, 8, 6, 0.0, 2, sinks="yes")  # type: ignore[arg-type]
+        QKNormSinkAttention(8, 8, 6, 0.0, 2, 1, sinks="yes")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="causal"):
-        MultiHeadAttention(8, 8, 6, 0.0, 2, causal=None)  # type: ignore[arg-type]
+        QKNormSinkAttention(8, 8, 6, 0.0, 2, 1, causal=None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("keyword", ["qk_norm", "sinks"])
+def test_the_old_keywords_name_the_chapter_13_class(keyword):
+    for make in (lambda **kw: MultiHeadAttention(8, 8, 6, 0.0, 2, **kw),
+                 lambda **kw: GroupedQueryAttention(8, 8, 6, 0.0, 2, 1, **kw)):
+        for value in (True, False):  # refused even when off: the keyword is gone
+            with pytest.raises(TypeError, match=rf"no longer takes {keyword}.*"
+                                                r"attnlib\.QKNormSinkAttention"):
+                make(**{keyword: value})
+
+
+def test_unknown_keywords_are_still_type_errors():
+    for make in (lambda **kw: MultiHeadAttention(8, 8, 6, 0.0, 2, **kw),
+                 lambda **kw: GroupedQueryAttention(8, 8, 6, 0.0, 2, 1, **kw),
+                 lambda **kw: QKNormSinkAttention(8, 8, 6, 0.0, 2, 1, **kw)):
+        with pytest.raises(TypeError, match="unexpected keyword argument 'qk_nrom'"):
+            make(qk_nrom=True)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'rope'"):
+        MultiHeadAttention(8, 8, 6, 0.0, 2, rope=True)  # RoPE is GroupedQueryAttention's

@@ -560,3 +560,30 @@ def test_ablating_into_nothing_is_the_ordinary_forward_with_rope():
     torch.testing.assert_close(logits, model(ABLATION_INPUTS))
     cut = ablate_head_into(model, ABLATION_INPUTS, 0, 1, 1, {"keys"})
     assert (cut - logits).abs().max() > 1e-6
+
+
+def test_projection_hooks_are_bypassed_on_the_fused_path_but_not_by_the_ablation():
+    """The trap ablate_head_into avoids: with gradients on and return_weights=False,
+    MultiHeadAttention.project applies W_query, W_key and W_value as one F.linear,
+    so hooks on them do not run; the readable path and no_grad calls run them. The
+    ablation, called with gradients on, still cuts (its hooks ran)."""
+    model = scaled_model(6)
+    attn = model.blocks[1].attn
+    calls = []
+    handle = attn.W_key.register_forward_hook(lambda module, args, out: calls.append(1))
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    try:
+        with torch.enable_grad():
+            attn(x)  # the fused path
+            assert calls == []
+            attn(x, return_weights=True)  # the readable path
+            assert calls == [1]
+        with torch.no_grad():
+            attn(x)
+        assert calls == [1, 1]
+    finally:
+        handle.remove()
+    with torch.enable_grad():
+        plain = ablate_head_into(model, ABLATION_INPUTS, 0, 1, 1, ())
+        cut = ablate_head_into(model, ABLATION_INPUTS, 0, 1, 1, {"keys"})
+    assert (cut - plain).abs().max() > 1e-6

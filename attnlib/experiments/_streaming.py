@@ -3,9 +3,10 @@ stream several times as long with a sliding window, with the first tokens kept
 (StreamingLLM), or with a learned sink logit (gpt-oss).
 
 The model is chapter 10's two-layer :class:`attnlib.TinyTransformer` with RoPE
-(:func:`rope_transformer`, which can give its attention layers QK-norm or sink
-logits), trained (:func:`train_stream_model`) on a stream of chapter 10's
-induction episodes (:func:`induction_stream`: a prefix of distinct tokens, a
+(:func:`rope_transformer`, whose attention layers are
+:class:`attnlib.QKNormSinkAttention`, with QK-norm or sink logits if asked),
+trained (:func:`train_stream_model`) on a stream of chapter 10's induction
+episodes (:func:`induction_stream`: a prefix of distinct tokens, a
 stretch of it again, then the next episode). :func:`streaming_logits` then
 runs it on a longer stream as a decoder with a bounded KV cache would:
 
@@ -39,7 +40,7 @@ from ..functional import causal_mask, sliding_window_mask
 from ..gqa import GroupedQueryAttention
 from ..models import TinyTransformer, TransformerBlock
 from ..positional import RotaryPositionalEmbedding
-from ..sinks import softmax_with_sinks
+from ..sinks import QKNormSinkAttention, softmax_with_sinks
 from ..training import train
 
 __all__ = [
@@ -116,9 +117,9 @@ def rope_transformer(
     """Chapter 10's attention-only model with RoPE, and optionally sinks or QK-norm.
 
     A :class:`attnlib.TinyTransformer` with ``positional="rope"`` whose
-    attention layers are replaced by :class:`attnlib.GroupedQueryAttention`
-    built with ``sinks`` and ``qk_norm`` (one key/value head per query head:
-    multi-head attention). The projections draw the same initial weights with
+    attention layers are replaced by :class:`attnlib.QKNormSinkAttention`
+    built with ``rope=True``, ``sinks`` and ``qk_norm`` (one key/value head per
+    query head: multi-head attention). The projections draw the same initial weights with
     and without these options, so models that differ only in them start alike.
 
     Args:
@@ -147,7 +148,7 @@ def rope_transformer(
     model = TinyTransformer(vocab_size, context_length, d_model, num_heads, num_layers,
                             positional="rope")
     for block in model.blocks:
-        cast(TransformerBlock, block).attn = GroupedQueryAttention(
+        cast(TransformerBlock, block).attn = QKNormSinkAttention(
             d_model, d_model, context_length, 0.0, num_heads, num_heads, rope=True,
             sinks=sinks, qk_norm=qk_norm,
         )
@@ -282,8 +283,9 @@ def _stream_forward(
         values = attn.W_value(normed).view(b, n, attn.num_kv_groups, d).transpose(1, 2)
         keys = keys.repeat_interleave(attn.group_size, dim=1)  # (b, h, n, d)
         values = values.repeat_interleave(attn.group_size, dim=1)  # (b, h, n, d)
-        if attn.qk_norm is not None:
-            queries, keys = attn.qk_norm(queries, keys)
+        parts = attn if isinstance(attn, QKNormSinkAttention) else None  # chapter 13's
+        if parts is not None and parts.qk_norm is not None:
+            queries, keys = parts.qk_norm(queries, keys)
         rope = RotaryPositionalEmbedding(d, n, attn.rope.base).to(idx.device)
         cos, sin = rope.cos.to(x.dtype), rope.sin.to(x.dtype)  # (n, d) each
         rotated_keys = _rotate(keys, cos, sin)  # (b, h, n, d)
@@ -297,8 +299,8 @@ def _stream_forward(
         attn_scores = attn_scores / math.sqrt(d)
         max_logits.append(attn_scores.masked_fill(~allowed, 0.0).abs().amax())
         attn_scores = attn_scores.masked_fill(~allowed, float("-inf"))
-        if attn.sinks is not None:
-            attn_weights = softmax_with_sinks(attn_scores, attn.sinks.sinks)
+        if parts is not None and parts.sinks is not None:
+            attn_weights = softmax_with_sinks(attn_scores, parts.sinks.sinks)
         else:
             attn_weights = attn_scores.softmax(dim=-1)  # (b, h, n, n)
         context_vec = (attn_weights @ values).transpose(1, 2).reshape(b, n, h * d)
@@ -355,8 +357,9 @@ def streaming_logits(
 
     Args:
         model: a :func:`rope_transformer` (a ``TinyTransformer`` with RoPE
-            whose attention layers are :class:`attnlib.GroupedQueryAttention`),
-            with or without sinks and QK-norm.
+            whose attention layers are :class:`attnlib.GroupedQueryAttention`
+            or its subclass :class:`attnlib.QKNormSinkAttention`), with or
+            without sinks and QK-norm.
         idx: token ids, int64 ``(batch, num_tokens)``; any ``num_tokens``.
         window: keyword-only; recent tokens each query sees, itself included.
             Default None (all).
