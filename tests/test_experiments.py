@@ -26,7 +26,7 @@ from attnlib.experiments import (
     softmax_jacobian,
     softmax_peakiness,
 )
-from attnlib.experiments._scaling import _random_queries_and_keys
+from attnlib.experiments._scaling import random_queries_and_keys
 
 POWERS_OF_TWO = [2**i for i in range(11)]  # 1, 2, 4, ..., 1024
 
@@ -314,7 +314,7 @@ def test_query_gradient_equals_autograd_on_the_same_draws():
     peak = softmax_peakiness(d_ks, num_tokens, num_samples, seed=seed)
     generator = torch.Generator().manual_seed(seed)
     for index, d_k in enumerate(d_ks):
-        (queries, keys), = _random_queries_and_keys(
+        (queries, keys), = random_queries_and_keys(
             d_k, num_tokens, num_samples, generator
         )
         for c, measured in ((1.0, result.unscaled), (math.sqrt(d_k), result.scaled)):

@@ -7,7 +7,7 @@ grows, with and without the ``1 / sqrt(d_k)`` scale:
 :func:`dot_product_variance`, :func:`softmax_peakiness`,
 :func:`query_gradient_norm` (built on :func:`softmax_jacobian`), each with its
 frozen result class. Every experiment on attention weights draws its queries and
-keys from :func:`_random_queries_and_keys`, so equal arguments give equal draws.
+keys from :func:`random_queries_and_keys`, so equal arguments give equal draws.
 Import the public names from :mod:`attnlib.experiments`.
 """
 
@@ -89,13 +89,20 @@ def _random_dot_products(d_k: int, num_samples: int, generator: torch.Generator)
     return torch.cat(dots)
 
 
-def _random_queries_and_keys(
+def random_queries_and_keys(
     d_k: int, num_tokens: int, num_samples: int, generator: torch.Generator
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """``num_samples`` random queries, each with its own ``num_tokens`` random
-    keys, in chunks: yields ``queries (size, 1, d_k)`` and ``keys (size,
-    num_tokens, d_k)``, float64. Every experiment on attention weights draws
-    from here, so equal arguments give equal draws."""
+    """``num_samples`` random queries, each with its own ``num_tokens`` random keys.
+
+    Yields them in chunks of at most ``_CHUNK_NUMEL`` numbers: ``queries
+    (size, 1, d_k)`` and ``keys (size, num_tokens, d_k)``, float64, every entry
+    standard normal (the model of section 3.2.1 of Vaswani et al. 2017, "Attention
+    Is All You Need", footnote 4: components independent with mean 0 and
+    variance 1). Every experiment on attention weights in this module draws
+    from here, so equal arguments and generator states give equal draws (the
+    tests rebuild an experiment's draws with it). The arguments are the
+    experiments' own, checked by them; this helper does not check them again.
+    """
     chunk = max(1, _CHUNK_NUMEL // (num_tokens * d_k))
     for start in range(0, num_samples, chunk):
         size = min(chunk, num_samples - start)
@@ -110,7 +117,7 @@ def _random_attn_scores(
     """Unscaled scores ``q . k_j`` of one random query against ``num_tokens``
     random keys, ``num_samples`` times: ``(num_samples, num_tokens)`` float64."""
     attn_scores = []
-    for queries, keys in _random_queries_and_keys(d_k, num_tokens, num_samples, generator):
+    for queries, keys in random_queries_and_keys(d_k, num_tokens, num_samples, generator):
         scores = queries @ keys.transpose(-2, -1)  # (size, 1, num_tokens)
         attn_scores.append(scores.squeeze(-2))  # (size, num_tokens)
     return torch.cat(attn_scores)  # (num_samples, num_tokens)
@@ -473,7 +480,7 @@ def query_gradient_norm(
     for d_k in d_ks:
         norms: dict[float, list[torch.Tensor]] = {1.0: [], math.sqrt(d_k): []}
         gap = []
-        for queries, keys in _random_queries_and_keys(d_k, num_tokens, num_samples, generator):
+        for queries, keys in random_queries_and_keys(d_k, num_tokens, num_samples, generator):
             attn_scores = (queries @ keys.transpose(-2, -1)).squeeze(-2)  # (size, num_tokens)
             best_two = attn_scores.topk(2, dim=-1).values  # (size, 2), largest first
             gap.append(best_two[:, 0] - best_two[:, 1])  # (size,)
