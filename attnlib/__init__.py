@@ -24,7 +24,7 @@ Functions are grouped by concept, not by chapter:
   DeltaNet, in recurrent, parallel and chunked forms.
 * :mod:`attnlib.sparse` - DeepSeek Sparse Attention: an indexer and top-k keys.
 * :mod:`attnlib.sinks` - attention sinks and QK-norm, and ``QKNormSinkAttention``
-  (``GroupedQueryAttention`` with both, chapter 13).
+  (``GroupedQueryAttention`` with both and a sliding window, chapter 13).
 * :mod:`attnlib.variants` - chapter 13's attention variants as blocks of
   ``TinyTransformer`` (linear, Gated DeltaNet, MLA, sparse, shared KV) and the
   cache each keeps per sequence.

@@ -46,9 +46,11 @@ all heads at once) are other functions, and are refused.
 
 *gpt-oss.* The Llama layout with biases everywhere, plus ``sinks``
 ``(num_heads,)``, one logit per query head, copied into ``sinks.sinks``.
-Its layers alternate a 128-token sliding window with full attention; only a
-full-attention layer, or a window no shorter than ``context_length``, is
-converted.
+Its layers alternate a 128-token sliding window with full attention: a
+sliding-window layer becomes a ``QKNormSinkAttention`` with ``window`` (when
+the window is shorter than ``context_length``), as does a Mistral layer with a
+``sliding_window``. HF's window ``kv > q - window`` and ``kv <= q`` is
+:func:`attnlib.functional.sliding_window_mask`'s.
 
 *GPT-2.* ``c_attn`` and ``c_proj`` are ``Conv1D`` layers, whose weight is
 ``(in_features, out_features)``: the transpose of ``nn.Linear``'s.
@@ -208,17 +210,16 @@ def gqa_from_llama_attention(hf_attn: Any, context_length: int) -> GroupedQueryA
         ``GroupedQueryAttention(hidden_size, hidden_size, context_length,
         attention_dropout, num_attention_heads, num_key_value_heads,
         qkv_bias, out_bias=..., rope=True, head_dim=head_dim)``; with QK-norm
-        (Qwen3) ``QKNormSinkAttention(..., qk_norm=True)`` with the same
-        arguments.
+        (Qwen3) or a sliding window shorter than ``context_length`` (Mistral's
+        ``sliding_window``, Qwen2's sliding layers) a ``QKNormSinkAttention``
+        with the same arguments and ``qk_norm=True`` or ``window=W``.
 
     Raises:
         TypeError: ``hf_attn`` lacks the Llama layout or a config.
         NotImplementedError: the layer has a QK-norm other than Qwen3's
             (Gemma 3, OLMo 2), attention sinks (use
             :func:`gqa_from_gpt_oss_attention`), a score scale other than
-            ``1/sqrt(head_dim)``, a sliding window shorter than ``context_length``
-            (Mistral's ``sliding_window``; Qwen2's ``use_sliding_window``), or
-            a ``rope_type`` attnlib does not implement.
+            ``1/sqrt(head_dim)``, or a ``rope_type`` attnlib does not implement.
         ValueError: ``context_length`` is not positive.
 
     Source: ``transformers``' ``LlamaAttention`` and ``Qwen3Attention`` (see
@@ -243,13 +244,13 @@ def gqa_from_gpt_oss_attention(hf_attn: Any, context_length: int) -> QKNormSinkA
         context_length: the most positions the new module accepts.
 
     Returns:
-        ``QKNormSinkAttention(..., rope=True, head_dim=head_dim, sinks=True)``.
+        ``QKNormSinkAttention(..., rope=True, head_dim=head_dim, sinks=True)``,
+        with ``window=W`` for a sliding-window layer whose window (128 in
+        gpt-oss) is shorter than ``context_length``.
 
     Raises:
         TypeError: ``hf_attn`` lacks the layout, the ``sinks`` or a config.
-        NotImplementedError: a sliding-window layer whose window (128 in
-            gpt-oss) is shorter than ``context_length``; a ``rope_type``
-            attnlib does not implement.
+        NotImplementedError: a ``rope_type`` attnlib does not implement.
         ValueError: ``context_length`` is not positive.
 
     Source: ``transformers``' ``GptOssAttention``; OpenAI (2025), "gpt-oss-120b
@@ -262,16 +263,7 @@ def _from_llama_layout(hf_attn: Any, context_length: int, *, sinks: bool) -> Gro
     qk_norm = _check_llama_like(hf_attn, sinks)
     check_positive_int("context_length", context_length)
     config = _config(hf_attn)
-    if hasattr(hf_attn, "sliding_window"):  # the layer's own (None: a full-attention layer)
-        window = hf_attn.sliding_window
-    else:  # Mistral: the config's
-        window = getattr(config, "sliding_window", None)
-    if window is not None and window < context_length:
-        raise NotImplementedError(
-            f"{type_name(hf_attn)} attends within a sliding window of {window} tokens, "
-            f"shorter than context_length={context_length}; GroupedQueryAttention has no "
-            "window: use context_length <= the window"
-        )
+    window = _window(hf_attn, context_length)
     q_proj, k_proj, v_proj, o_proj = (getattr(hf_attn, n) for n in _LLAMA_PROJECTIONS)
     head_dim = _head_dim_of(hf_attn)
     num_heads = q_proj.out_features // head_dim
@@ -280,7 +272,7 @@ def _from_llama_layout(hf_attn: Any, context_length: int, *, sinks: bool) -> Gro
     params = _rope_parameters(config)
     rope_type = params.get("rope_type", "default")
     qkv_bias = q_proj.bias is not None
-    cls = QKNormSinkAttention if qk_norm or sinks else GroupedQueryAttention
+    cls = QKNormSinkAttention if qk_norm or sinks or window else GroupedQueryAttention
     new = cls(
         hidden, o_proj.out_features, context_length,
         float(getattr(config, "attention_dropout", 0.0)), num_heads, num_kv, qkv_bias,
@@ -290,6 +282,7 @@ def _from_llama_layout(hf_attn: Any, context_length: int, *, sinks: bool) -> Gro
     if isinstance(new, QKNormSinkAttention):  # chapter 13's parts, after the layers
         new.qk_norm = QKNorm(head_dim, eps=_norm_eps(hf_attn.q_norm)) if qk_norm else None
         new.sinks = AttentionSinks(num_heads) if sinks else None
+        new.window = window
     qk_norm_module, sinks_module = _qk_norm_and_sinks(new)
     if rope_type != "default":
         new.rope = RotaryPositionalEmbedding(
@@ -312,6 +305,16 @@ def _from_llama_layout(hf_attn: Any, context_length: int, *, sinks: bool) -> Gro
             sinks_module.sinks.copy_(hf_attn.sinks)  # (num_heads,)
     new.train(hf_attn.training)
     return new
+
+
+def _window(hf_attn: Any, context_length: int) -> int | None:
+    """The layer's sliding window if shorter than ``context_length`` (else None: a
+    window no shorter changes no output)."""
+    if hasattr(hf_attn, "sliding_window"):  # the layer's own (None: a full-attention layer)
+        window = hf_attn.sliding_window
+    else:  # Mistral: the config's
+        window = getattr(_config(hf_attn), "sliding_window", None)
+    return None if window is None or window >= context_length else int(window)
 
 
 def _qk_norm_and_sinks(
@@ -344,8 +347,9 @@ def gqa_to_llama_attention(module: GroupedQueryAttention, hf_attn: Any) -> Any:
     Raises:
         TypeError: ``module`` is not a GroupedQueryAttention, or ``hf_attn``
             lacks the Llama layout.
-        ValueError: a weight's shape differs, or one module has a bias (or
-            QK-norm) where the other has none.
+        ValueError: a weight's shape differs, one module has a bias (or
+            QK-norm) where the other has none, or their sliding windows
+            (within ``module.context_length``) differ.
         NotImplementedError: ``hf_attn`` has a QK-norm other than Qwen3's,
             or sinks.
     """
@@ -363,7 +367,7 @@ def gqa_to_gpt_oss_attention(module: GroupedQueryAttention, hf_attn: Any) -> Any
         TypeError: ``module`` is not a GroupedQueryAttention, or ``hf_attn``
             is not a ``GptOssAttention``.
         ValueError: a weight's shape differs, a bias is missing on one side,
-            or ``module`` has no sinks.
+            ``module`` has no sinks, or the sliding windows differ.
     """
     return _to_llama_layout(module, hf_attn, sinks=True)
 
@@ -379,6 +383,13 @@ def _to_llama_layout(module: GroupedQueryAttention, hf_attn: Any, *, sinks: bool
         if theirs != (mine is not None):
             raise ValueError(f"{type_name(hf_attn)} has {'' if theirs else 'no '}{name} "
                              f"but the attnlib module has {'none' if mine is None else 'it'}")
+    window = module.window if isinstance(module, QKNormSinkAttention) else None
+    if window is not None and window >= module.context_length:
+        window = None  # a window that reaches every key masks nothing
+    if _window(hf_attn, module.context_length) != window:
+        raise ValueError(f"{type_name(hf_attn)} has the sliding window "
+                         f"{_window(hf_attn, module.context_length)} within context_length="
+                         f"{module.context_length}, the attnlib module {window}")
     _copy_linears(
         (module.W_query, module.W_key, module.W_value, module.out_proj),
         tuple(getattr(hf_attn, n) for n in _LLAMA_PROJECTIONS),

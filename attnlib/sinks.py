@@ -24,8 +24,9 @@ Both are parts a multi-head ``forward`` calls in one line each:
     context_vec = self.sinks(queries, keys, values, attn_mask=allowed)  # AttentionSinks
 
 :class:`QKNormSinkAttention` is :class:`attnlib.GroupedQueryAttention` with
-both (chapter 13): it extends the grouped-query layer's RoPE step with QK-norm
-and its attention step with the sink logits.
+both (chapter 13): it extends the grouped-query layer's RoPE step with QK-norm,
+its attention step with the sink logits, and its mask with gpt-oss's optional
+sliding window.
 
 Shape legend: ``(batch, num_heads, num_tokens, head_dim)`` for queries,
 ``(batch, num_kv_groups, num_tokens_kv, head_dim)`` for keys and values
@@ -40,7 +41,12 @@ import torch
 import torch.nn as nn
 
 from ._validation import check_bool, check_float_tensor, check_positive_int
-from .functional import attention, softmax_with_sinks
+from .functional import (
+    attention,
+    merge_key_padding_mask,
+    sliding_window_mask,
+    softmax_with_sinks,
+)
 from .gqa import GroupedQueryAttention
 
 __all__ = [
@@ -207,16 +213,23 @@ class QKNormSinkAttention(GroupedQueryAttention):
       learned sink logit (initialised to 0) that joins its softmax's
       denominator, so a head may attend to "nothing", as gpt-oss does; its
       ``sinks`` go into :func:`attnlib.functional.attention` in :meth:`attend`,
-      on every path (the ``"flash"`` path has no sinks and refuses them).
+      on every path (the ``"flash"`` path has no sinks and refuses them);
+    * ``window=W``: each query attends to the last ``W`` keys, itself included
+      (:func:`attnlib.functional.sliding_window_mask`, aligned at the
+      bottom-right after a KV cache), in :meth:`attention_mask`, as gpt-oss's
+      sliding-window layers (``W = 128``) and Mistral do. The cache still keeps
+      every key; the ``"flash"`` path, which takes no mask, refuses it.
 
-    With both False it computes what :class:`attnlib.GroupedQueryAttention`
-    computes.
+    With ``qk_norm=False``, ``sinks=False`` and ``window=None`` it computes
+    what :class:`attnlib.GroupedQueryAttention` computes.
 
     Args:
         d_in, d_out, context_length, dropout, num_heads, num_kv_groups,
             qkv_bias: as :class:`attnlib.GroupedQueryAttention`.
         qk_norm: keyword-only; add the :class:`QKNorm`. Default False.
         sinks: keyword-only; add the :class:`AttentionSinks`. Default False.
+        window: keyword-only; the sliding window, a positive int, or None
+            (default: full causal attention). Only with ``causal=True``.
         **options: :class:`attnlib.GroupedQueryAttention`'s keyword-only
             arguments (``out_bias``, ``rope``, ``rope_base``, ``head_dim``,
             ``mask_buffer``, ``causal``, ``attn_implementation``), passed on;
@@ -228,31 +241,41 @@ class QKNormSinkAttention(GroupedQueryAttention):
             ``(head_dim,)``), or None.
         sinks: the :class:`AttentionSinks` (``sinks.sinks``, ``(num_heads,)``),
             or None.
+        window: int or None.
         The others as :class:`attnlib.GroupedQueryAttention`; the parameters
         come in the order ``W_query``, ``W_key``, ``W_value``, ``out_proj``,
         then ``qk_norm``'s and ``sinks``.
 
     Raises:
-        TypeError: as :class:`attnlib.GroupedQueryAttention`, or ``qk_norm``
-            or ``sinks`` is not a bool.
-        ValueError: as :class:`attnlib.GroupedQueryAttention`.
+        TypeError: as :class:`attnlib.GroupedQueryAttention`, ``qk_norm``
+            or ``sinks`` is not a bool, or ``window`` is neither None nor an int.
+        ValueError: as :class:`attnlib.GroupedQueryAttention`; ``window`` is
+            not positive, or is given with ``causal=False``.
 
     Source: Dehghani et al. (2023), "Scaling Vision Transformers to 22
     Billion Parameters", section 3.1, and Qwen team (2025), "Qwen3 Technical
     Report", section 2 (QK-norm); OpenAI (2025), "gpt-oss-120b & gpt-oss-20b
-    Model Card", section 2.1 (sinks).
+    Model Card", section 2.1 (sinks, and the alternating 128-token windows);
+    Beltagy, Peters and Cohan (2020), "Longformer", section 3.1 (sliding window).
     """
 
     def __init__(self, d_in: int, d_out: int, context_length: int, dropout: float,
                  num_heads: int, num_kv_groups: int, qkv_bias: bool = False, *,
-                 qk_norm: bool = False, sinks: bool = False, **options: Any) -> None:
+                 qk_norm: bool = False, sinks: bool = False, window: int | None = None,
+                 **options: Any) -> None:
         check_bool("qk_norm", qk_norm)
         check_bool("sinks", sinks)
+        if window is not None:
+            window = check_positive_int("window", window)
+            if options.get("causal", True) is False:
+                raise ValueError(f"window={window} is a causal sliding window: it needs "
+                                 "causal=True, got causal=False")
         super().__init__(d_in, d_out, context_length, dropout, num_heads, num_kv_groups,
                          qkv_bias, **options)  # GroupedQueryAttention's keyword-only options
         # Created after the parent's layers, so that the seeded weights are the same.
         self.qk_norm = QKNorm(self.head_dim) if qk_norm else None
         self.sinks = AttentionSinks(self.num_heads) if sinks else None
+        self.window = window
 
     def transform_queries_keys(
         self, queries: torch.Tensor, keys: torch.Tensor, num_cached: int
@@ -272,11 +295,26 @@ class QKNormSinkAttention(GroupedQueryAttention):
             options["sinks"] = self.sinks.sinks  # (num_heads,)
         return super().attend(*args, **options)
 
+    def attention_mask(self, num_cached: int, num_tokens_kv: int,
+                       key_padding_mask: torch.Tensor | None = None, *, fast: bool = False,
+                       ) -> tuple[torch.Tensor | None, bool]:
+        """:meth:`attnlib.MultiHeadAttention.attention_mask`, or with a ``window``
+        the bottom-right rows of :func:`attnlib.functional.sliding_window_mask`
+        (``(N_q, N_kv)``, True = may attend; merged with a ``key_padding_mask``
+        into ``(batch, 1, N_q, N_kv)``) and ``is_causal=False``."""
+        if self.window is None:
+            return super().attention_mask(num_cached, num_tokens_kv, key_padding_mask,
+                                          fast=fast)
+        allowed = sliding_window_mask(num_tokens_kv - num_cached, self.window,
+                                      num_tokens_kv=num_tokens_kv,
+                                      device=self.W_query.weight.device)
+        return merge_key_padding_mask(allowed, key_padding_mask), False
+
     def options_repr(self) -> str:
         """:meth:`attnlib.MultiHeadAttention.options_repr` plus ``qk_norm=True``,
-        ``sinks=True`` where set."""
+        ``sinks=True`` and ``window=W`` where set."""
         return super().options_repr() + "".join(
             f", {name}=True"
             for name, part in (("qk_norm", self.qk_norm), ("sinks", self.sinks))
             if part is not None
-        )
+        ) + ("" if self.window is None else f", window={self.window}")

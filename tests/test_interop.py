@@ -41,17 +41,35 @@ def _llama_family(name, dtype, **extra):
     return model
 
 
-def _hf_llama_steps(model, x, prefix):
-    """HF's attention on x: one call on x[:, :prefix], then one token at a time (DynamicCache)."""
+def _hf_allowed(start, stop, window=None):
+    """HF's own mask functions (transformers.masking_utils) for the queries start .. stop - 1
+    and the keys 0 .. stop - 1: (stop - start, stop), True = may attend."""
+    from transformers.masking_utils import (
+        causal_mask_function,
+        sliding_window_causal_mask_function,
+    )
+
+    allowed = causal_mask_function if window is None else sliding_window_causal_mask_function(
+        window)
+    zero = torch.tensor(0)
+    return allowed(zero, zero, torch.arange(start, stop)[:, None], torch.arange(stop)[None, :])
+
+
+def _hf_llama_steps(model, x, prefix, window=None):
+    """HF's attention on x: one call on x[:, :prefix], then one token at a time (DynamicCache);
+    with a window, HF's sliding-window mask passed in, as its model builds it."""
     attn, rotary = model.model.layers[0].self_attn, model.model.rotary_emb
-    cache = transformers.DynamicCache(config=model.config)
+    # (a cache of every key: the mask, not the cache, keeps the window)
+    cache = transformers.DynamicCache(config=model.config) if window is None else (
+        transformers.DynamicCache())
     outs = []
     bounds = [(0, prefix)] + [(t, t + 1) for t in range(prefix, x.shape[1])]
     with torch.no_grad():
         for start, stop in bounds:
             h = x[:, start:stop]
             cos_sin = rotary(h, torch.arange(start, stop)[None])
-            outs.append(attn(h, cos_sin, None, cache)[0])
+            mask = None if window is None else _hf_allowed(start, stop, window)[None, None]
+            outs.append(attn(h, cos_sin, mask, cache)[0])
     return torch.cat(outs, dim=1)
 
 
@@ -185,14 +203,16 @@ def _gpt_oss(dtype, layer_type="full_attention"):
     return config, hf_attn.to(dtype).eval(), go.GptOssRotaryEmbedding(config).to(dtype)
 
 
-def _hf_gpt_oss_steps(config, hf_attn, rotary, x, prefix):
-    cache = transformers.DynamicCache(config=config)
+def _hf_gpt_oss_steps(config, hf_attn, rotary, x, prefix, window=None):
+    # (with a window, a cache of every key: the mask, not the cache, keeps the window)
+    cache = transformers.DynamicCache(config=config) if window is None else (
+        transformers.DynamicCache())
     bounds = [(0, prefix)] + [(t, t + 1) for t in range(prefix, x.shape[1])]
     outs = []
     with torch.no_grad():
         for start, stop in bounds:
             h = x[:, start:stop]
-            allowed = torch.ones(stop - start, stop, dtype=torch.bool).tril(start)
+            allowed = _hf_allowed(start, stop, window)
             bias = torch.zeros(stop - start, stop, dtype=x.dtype).masked_fill(
                 ~allowed, torch.finfo(x.dtype).min)[None, None]
             outs.append(hf_attn(h, rotary(h, torch.arange(start, stop)[None]), bias,
@@ -242,16 +262,50 @@ def test_gpt_oss_round_trip_and_refusals():
     with pytest.raises(TypeError, match="sinks parameter"):
         gqa_from_gpt_oss_attention(llama, 64)
     _, sliding, _ = _gpt_oss(torch.float32, "sliding_attention")
-    with pytest.raises(NotImplementedError, match="sliding window of 16"):
-        gqa_from_gpt_oss_attention(sliding, 64)
-    assert gqa_from_gpt_oss_attention(sliding, 16).context_length == 16
+    with pytest.raises(ValueError, match="sliding window 16"):
+        gqa_to_gpt_oss_attention(module, sliding)  # module: a full-attention layer's
 
 
-def test_sliding_window_shorter_than_context_is_refused():
-    model = _llama_family("mistral", torch.float32, sliding_window=8)
-    with pytest.raises(NotImplementedError, match="sliding window of 8"):
-        gqa_from_llama_attention(model.model.layers[0].self_attn, 64)
-    assert gqa_from_llama_attention(model.model.layers[0].self_attn, 8).context_length == 8
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gpt_oss_sliding_window_layer_equals_transformers(dtype):
+    config, hf_attn, rotary = _gpt_oss(dtype, "sliding_attention")  # a window of 16
+    module = gqa_from_gpt_oss_attention(hf_attn, context_length=64)
+    assert module.window == 16 and "sinks=True, window=16" in repr(module)
+    assert gqa_from_gpt_oss_attention(hf_attn, 16).window is None  # the window masks nothing
+    if dtype == torch.float64:  # HF's angles are float32: compare the rest with its tables
+        cos, sin = rotary(torch.zeros(1, dtype=dtype), torch.arange(64)[None])
+        module.rope.cos = torch.cat([cos[0], cos[0]], -1)
+        module.rope.sin = torch.cat([sin[0], sin[0]], -1)
+    torch.manual_seed(3)
+    x = torch.randn(2, 40, 32, dtype=dtype)  # longer than the window
+    expected = _hf_gpt_oss_steps(config, hf_attn, rotary, x, 40, window=16)
+    with torch.no_grad():
+        assert_close(module(x), expected, **TOL[dtype])
+        assert_close(module(x, return_weights=True)[0], expected, **TOL[dtype])
+        module.window = None  # the window matters: full attention differs
+        assert (module(x) - expected).abs().max() > 1e-3
+        module.window = 16
+    assert_close(_attnlib_steps(module, x, 20),
+                 _hf_gpt_oss_steps(config, hf_attn, rotary, x, 20, window=16), **TOL[dtype])
+    gqa_to_gpt_oss_attention(module, hf_attn)  # the same window: accepted
+
+
+def test_mistral_sliding_window_equals_transformers():
+    model = _llama_family("mistral", torch.float64, sliding_window=8)
+    hf_attn = model.model.layers[0].self_attn
+    module = gqa_from_llama_attention(hf_attn, 64)
+    assert isinstance(module, QKNormSinkAttention) and module.window == 8
+    assert module.qk_norm is None and module.sinks is None
+    assert type(gqa_from_llama_attention(hf_attn, 8)) is GroupedQueryAttention
+    module.rope.cos, module.rope.sin = _hf_tables(model, torch.float64)  # float32 angles
+    x = torch.randn(1, 20, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert_close(module(x), _hf_llama_steps(model, x, 20, window=8), **TOL[torch.float64])
+    assert_close(_attnlib_steps(module, x, 5), _hf_llama_steps(model, x, 5, window=8),
+                 **TOL[torch.float64])
+    with pytest.raises(ValueError, match="sliding window 8"):
+        gqa_to_llama_attention(GroupedQueryAttention(32, 32, 64, 0.0, 4, 2, True, rope=True),
+                               hf_attn)
 
 
 def test_wrong_modules_are_refused():

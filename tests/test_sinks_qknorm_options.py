@@ -181,3 +181,40 @@ def test_unknown_keywords_are_still_type_errors():
             make(qk_nrom=True)
     with pytest.raises(TypeError, match="unexpected keyword argument 'rope'"):
         MultiHeadAttention(8, 8, 6, 0.0, 2, rope=True)  # RoPE is GroupedQueryAttention's
+
+
+@pytest.mark.parametrize("window", [1, 3, 9])
+def test_window_equals_the_reference_with_a_sliding_window_mask(window):
+    module = _module(True, True)
+    module.window = window
+    x = torch.randn(2, 9, 10, dtype=torch.float64)
+    allowed = torch.zeros(9, 9, dtype=torch.bool)
+    for t in range(9):  # query t sees keys t - window + 1 .. t
+        allowed[t, max(0, t - window + 1):t + 1] = True
+    with torch.no_grad():
+        expected = _reference(module, x, allowed)
+        cache = KVCache()
+        steps = [module(x[:, :4], kv_cache=cache)]
+        steps += [module(x[:, t : t + 1], kv_cache=cache) for t in range(4, 9)]
+        for got in (module(x), module(x, True)[0], torch.cat(steps, 1)):
+            assert_close(got, expected, **TOL)
+        weights = module(x, True)[1]
+    assert (weights[..., ~allowed] == 0).all()
+    if window == 9:  # a window as long as the input masks nothing more
+        plain = _module(True, True)
+        with torch.no_grad():
+            assert_close(plain(x), expected, **TOL)
+
+
+def test_window_is_checked_and_shown():
+    module = QKNormSinkAttention(8, 8, 6, 0.0, 2, 1, window=4)
+    assert module.window == 4 and "dropout_p=0.0, window=4\n" in repr(module)
+    with pytest.raises(TypeError, match="window"):
+        QKNormSinkAttention(8, 8, 6, 0.0, 2, 1, window=2.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="window"):
+        QKNormSinkAttention(8, 8, 6, 0.0, 2, 1, window=0)
+    with pytest.raises(ValueError, match="causal=True"):
+        QKNormSinkAttention(8, 8, 6, 0.0, 2, 1, window=4, causal=False)
+    flash = QKNormSinkAttention(8, 8, 6, 0.0, 2, 1, window=4, attn_implementation="flash")
+    with pytest.raises(ValueError, match="flash"):
+        flash(torch.randn(1, 5, 8))
