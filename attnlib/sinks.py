@@ -224,8 +224,9 @@ class QKNormSinkAttention(GroupedQueryAttention):
     what :class:`attnlib.GroupedQueryAttention` computes.
 
     Args:
-        d_in, d_out, context_length, dropout, num_heads, num_kv_groups,
-            qkv_bias: as :class:`attnlib.GroupedQueryAttention`.
+        d_in, d_out, context_length, dropout: as
+            :class:`attnlib.GroupedQueryAttention`.
+        num_heads, num_kv_groups, qkv_bias: as there.
         qk_norm: keyword-only; add the :class:`QKNorm`. Default False.
         sinks: keyword-only; add the :class:`AttentionSinks`. Default False.
         window: keyword-only; the sliding window, a positive int, or None
