@@ -12,6 +12,7 @@ Where Chromium is missing the browser tests are skipped with a reason, unless
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import functools
@@ -213,9 +214,16 @@ def all_pages(built_book: Path) -> list[str]:
 
 # How long a page may take to load, typeset its math or answer a search. Playwright's
 # default of 30 s is too short on a CI machine with two CPU-bound processes beside the
-# suite on 2 cores (issue 25: a chapter's "load" timed out). Pages are opened one at
-# a time, each in its own browser context, closed when the page's reading is done.
+# suite on 2 cores (issue 25: a chapter's "load" timed out). Each page has its own
+# browser context, closed when the page's reading is done.
 PAGE_TIMEOUT_MS = 240_000
+# The pages read in a batch (in_browser) load this many at a time. One at a time, a
+# page's reading was two thirds waiting (the half second without requests that
+# "networkidle" waits for, the menus' animations, the page's own round trips): the
+# 159 readings of test_every_page_loads_cleanly_offline took 297 s of wall clock for
+# 93 s of CPU (a load of 1-2 on 2 cores). Four keep Chromium busy; more only share
+# the same CPU, and each page still has PAGE_TIMEOUT_MS to itself.
+PAGES_AT_ONCE = 4
 
 PHONE = {"width": 390, "height": 844}
 DESKTOP = {"width": 1280, "height": 900}
@@ -399,18 +407,18 @@ MENU_JS = """(which) => { const d = document.getElementById('pst-' + which + '-s
     .filter(a => a.offsetParent !== null).map(a => a.getAttribute('href')); }"""
 
 
-def open_menu(page, which: str):
+async def open_menu(page, which: str):
     """Click the visible ``which`` (primary/secondary) toggle: the links of the
     sidebar it opens, None if it opens nothing, or the number of visible toggles."""
     toggles = page.locator(f".{which}-toggle")
-    visible = [i for i in range(toggles.count()) if toggles.nth(i).is_visible()]
+    visible = [i for i in range(await toggles.count()) if await toggles.nth(i).is_visible()]
     if len(visible) != 1:
         return len(visible)
-    toggles.nth(visible[0]).click()
-    page.wait_for_timeout(300)
-    links = page.evaluate(MENU_JS, which)
-    page.keyboard.press("Escape")
-    page.wait_for_timeout(200)
+    await toggles.nth(visible[0]).click()
+    await page.wait_for_timeout(300)
+    links = await page.evaluate(MENU_JS, which)
+    await page.keyboard.press("Escape")
+    await page.wait_for_timeout(200)
     return links
 
 
@@ -422,62 +430,150 @@ def new_context(browser, **options):
     return context
 
 
-def probe_page(browser, url: str, mode: str) -> dict:
+async def new_async_context(browser, **options):
+    """new_context for Playwright's async API (in_browser's jobs)."""
+    context = await browser.new_context(**options)
+    context.set_default_timeout(PAGE_TIMEOUT_MS)
+    context.set_default_navigation_timeout(PAGE_TIMEOUT_MS)
+    return context
+
+
+def in_browser(jobs: dict) -> dict:
+    """Run ``jobs`` (a key for each: ``async def job(browser)``, given an async
+    Playwright browser) in a Chromium of their own, PAGES_AT_ONCE at a time; return
+    each key's result, or the exception its job raised (to be raised by the test
+    that reads it, so that one page's failure fails only the tests of that page).
+
+    Playwright's async API runs in a thread of its own: the sync API of the
+    ``browser`` fixture keeps the main thread's event loop."""
+    results: dict = {}
+
+    async def main():
+        from playwright.async_api import async_playwright
+
+        async with async_playwright() as p:
+            browser = await p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            gate = asyncio.Semaphore(PAGES_AT_ONCE)
+
+            async def one(key, job):
+                async with gate:
+                    try:
+                        results[key] = await job(browser)
+                    except Exception as error:  # re-raised by the test that reads it
+                        results[key] = error
+
+            try:
+                await asyncio.gather(*(one(key, job) for key, job in jobs.items()))
+            finally:
+                await browser.close()
+
+    failed: list[BaseException] = []
+
+    def run():
+        try:
+            asyncio.run(main())
+        except BaseException as error:  # raised in the calling thread
+            failed.append(error)
+
+    thread = threading.Thread(target=run, name="in_browser")
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return results
+
+
+def result(value):
+    """A result of in_browser, or the exception its job raised, raised here."""
+    if isinstance(value, BaseException):
+        raise value
+    return value
+
+
+async def evaluate_loaded(browser, url: str, viewport: dict, script: str):
+    """What ``script`` returns on the page at ``url``, loaded in a ``viewport`` of its
+    own context, once the network has been idle (an in_browser job)."""
+    context = await new_async_context(browser, viewport=viewport)
+    try:
+        page = await context.new_page()
+        await page.goto(url, wait_until="load")
+        await page.wait_for_load_state("networkidle")
+        return await page.evaluate(script)
+    finally:
+        await context.close()
+
+
+async def probe_page(browser, url: str, mode: str) -> dict:
     """Load a page offline in ``mode``; report what went wrong and what it shows."""
     viewport, scheme = MODES[mode]
     problems = {"console": [], "page_errors": [], "bad_status": [], "failed": [], "external": []}
-    context = new_context(browser, viewport=viewport, color_scheme=scheme)
-    page = context.new_page()
-
-    def route(r):
-        host = urlparse(r.request.url).hostname
-        if r.request.url.startswith(("data:", "blob:")) or host == "127.0.0.1":
-            r.continue_()
-        else:
-            problems["external"].append(r.request.url)
-            r.abort()
-
-    page.route("**/*", route)
-    page.on("console", lambda m: problems["console"].append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: problems["page_errors"].append(str(e)))
-    page.on(
-        "response",
-        lambda r: problems["bad_status"].append(f"{r.status} {r.url}") if r.status >= 400 else None,
-    )
-    page.on(
-        "requestfailed",
-        lambda r: problems["failed"].append(f"{r.url} ({r.failure})")
-        if urlparse(r.url).hostname == "127.0.0.1"
-        else None,
-    )
+    context = await new_async_context(browser, viewport=viewport, color_scheme=scheme)
     try:
-        page.goto(url, wait_until="load")
-        page.wait_for_load_state("networkidle")
-        if page.locator(".math").count() > 0:
-            page.wait_for_function(
+        page = await context.new_page()
+
+        async def route(r):
+            host = urlparse(r.request.url).hostname
+            if r.request.url.startswith(("data:", "blob:")) or host == "127.0.0.1":
+                await r.continue_()
+            else:
+                problems["external"].append(r.request.url)
+                await r.abort()
+
+        await page.route("**/*", route)
+        page.on("console",
+                lambda m: problems["console"].append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: problems["page_errors"].append(str(e)))
+        page.on(
+            "response",
+            lambda r: problems["bad_status"].append(f"{r.status} {r.url}")
+            if r.status >= 400 else None,
+        )
+        page.on(
+            "requestfailed",
+            lambda r: problems["failed"].append(f"{r.url} ({r.failure})")
+            if urlparse(r.url).hostname == "127.0.0.1"
+            else None,
+        )
+        await page.goto(url, wait_until="load")
+        await page.wait_for_load_state("networkidle")
+        if await page.locator(".math").count() > 0:
+            await page.wait_for_function(
                 "() => window.MathJax && MathJax.startup && MathJax.startup.promise")
-            page.evaluate("() => MathJax.startup.promise")
-        report = page.evaluate(PROBE_JS, viewport["width"])
+            await page.evaluate("() => MathJax.startup.promise")
+        report = await page.evaluate(PROBE_JS, viewport["width"])
         if mode == "phone":
-            report["primary_menu"] = open_menu(page, "primary")
-            report["secondary_menu"] = open_menu(page, "secondary")
+            report["primary_menu"] = await open_menu(page, "primary")
+            report["secondary_menu"] = await open_menu(page, "secondary")
     finally:
-        context.close()
+        await context.close()
     report.update(problems)
     return report
 
 
 @pytest.fixture(scope="module")
 def probe(built_book, server, browser):
-    """``probe(page, mode)``: the page's report, each page opened once per mode."""
-    cache = {}
+    """``probe(page, mode)``: the page's report, each page opened once per mode.
+
+    Every reading the tests below take (each page as a desktop, a phone and in the
+    dark; the pages of the toc on a laptop) is taken at once, PAGES_AT_ONCE pages
+    at a time (in_browser). ``browser`` is asked for its check that Chromium is
+    there (a skip, or in CI a failure)."""
+
+    def read(keys) -> dict:
+        return in_browser({(rel, mode): functools.partial(probe_page, url=f"{server}/{rel}",
+                                                          mode=mode)
+                           for rel, mode in keys})
+
+    cache = read([(rel, mode) for rel in all_pages(built_book)
+                  for mode in ("desktop", "phone", "dark")]
+                 + [(f"{page}.html", "laptop") for page in toc_pages()])
 
     def get(rel: str, mode: str) -> dict:
         if not rel.endswith(".html"):
             rel += ".html"
         if (rel, mode) not in cache:
-            cache[rel, mode] = probe_page(browser, f"{server}/{rel}", mode)
-        return cache[rel, mode]
+            cache.update(read([(rel, mode)]))
+        return result(cache[rel, mode])
 
     return get
 
@@ -1024,11 +1120,12 @@ SECONDARY_TOC_JS = r"""() => {
 def test_api_contents_show_long_names_in_full(built_book, server, browser):
     """Each API page's contents list its module's classes and checkers; at 1280 px
     a long name (check_prefix_matching_score()) wraps within the sidebar."""
+    tocs = in_browser({name: functools.partial(evaluate_loaded, url=f"{server}/{name}.html",
+                                               viewport=DESKTOP, script=SECONDARY_TOC_JS)
+                       for name in api_pages()})
     links = 0
     for page_name in api_pages():
-        with desktop_page(browser, f"{server}/{page_name}.html") as (page, _):
-            page.wait_for_load_state("networkidle")
-            toc = page.evaluate(SECONDARY_TOC_JS)
+        toc = result(tocs[page_name])
         links += toc["links"]
         assert not toc["clipped"], f"{page_name}: {len(toc['clipped'])} entries cut at the" \
                                    f" sidebar's edge: {toc['clipped'][:5]}"
@@ -1140,16 +1237,11 @@ def test_api_index_lists_every_module_page(built_book):
 def test_each_api_page_fits_forty_phone_screens(built_book, server, browser):
     """The reference on one page was 339,217 px tall on a 390 x 844 phone (402
     screens); each module's page is under 40."""
-    heights = {}
-    for page_name in ["api", *api_pages()]:
-        context = new_context(browser, viewport=PHONE)
-        try:
-            page = context.new_page()
-            page.goto(f"{server}/{page_name}.html", wait_until="load")
-            page.wait_for_load_state("networkidle")
-            heights[page_name] = page.evaluate("() => document.documentElement.scrollHeight")
-        finally:
-            context.close()
+    script = "() => document.documentElement.scrollHeight"
+    heights = {name: result(value) for name, value in in_browser(
+        {name: functools.partial(evaluate_loaded, url=f"{server}/{name}.html", viewport=PHONE,
+                                 script=script)
+         for name in ["api", *api_pages()]}).items()}
     print(f"phone heights (px): {heights}")
     assert min(heights.values()) > PHONE["height"], f"a page did not render: {heights}"
     tall = {name: h for name, h in heights.items() if h > 40 * PHONE["height"]}
