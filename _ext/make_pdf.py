@@ -529,6 +529,7 @@ def _filled(row) -> bool:
     nonwhite = row.min(axis=1) < 253
     if nonwhite.mean() < 0.5:
         return False
+    row = row.astype(np.int32)  # uint8 would overflow in the shifts
     colour = (row[:, 0] // 4 << 12) | (row[:, 1] // 4 << 6) | row[:, 2] // 4
     _, counts = np.unique(colour[nonwhite], return_counts=True)
     return counts.max() >= 0.5 * row.shape[0]
@@ -555,7 +556,8 @@ def scan_pages(data: bytes) -> list[dict]:
     scans = []
     for index in range(len(pdf)):
         page = pdf[index]
-        img = np.asarray(page.render(scale=1).to_pil().convert("RGB")).astype(np.int32)
+        # uint8: a reduction over int32 copies of 500 pages took most of a scan's time.
+        img = np.asarray(page.render(scale=1).to_pil().convert("RGB"))
         height, width, _ = img.shape
         top, bottom = round(16 * mm), height - round(16 * mm)
         left, right = round(SIDE_MARGIN_MM * mm), width - round(SIDE_MARGIN_MM * mm)
@@ -566,7 +568,9 @@ def scan_pages(data: bytes) -> list[dict]:
             _, low, _, high = obj.get_bounds()
             images.append((max(round(height - high) - top, 0),
                            max(round(height - low) - top + 1, 0)))
-        inked = (area.min(axis=2) < 253).any(axis=1)
+        # The darkest channel of each pixel (as area.min(axis=2), several times faster).
+        darkest = np.minimum(np.minimum(area[..., 0], area[..., 1]), area[..., 2])
+        inked = (darkest < 253).any(axis=1)
         for start, end in images:
             inked[start:end] = True
         used = np.nonzero(inked)[0]

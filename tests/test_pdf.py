@@ -99,6 +99,23 @@ def pdf_text() -> tuple[object, str, str]:
     return reader, "\n".join(pages), printed.stdout
 
 
+@pytest.fixture(scope="module")
+def plain_text(pdf_text) -> tuple[list[str], dict[float, int]]:
+    """Each page's text in pypdf's plain mode, and how many characters are drawn
+    at each scale (the text matrix's, rounded): one pass over the pages for the
+    tests that read them (the pass takes 20-30 s on a quiet machine; three tests
+    made one each)."""
+    reader, _, _ = pdf_text
+    scales: dict[float, int] = {}
+
+    def visit(text, cm, tm, font, size):
+        if text.strip():
+            scale = round(cm[0], 3)
+            scales[scale] = scales.get(scale, 0) + len(text)
+
+    return [page.extract_text(visitor_text=visit) or "" for page in reader.pages], scales
+
+
 def test_pdf_has_a_sensible_number_of_pages(pdf_text):
     reader, _, _ = pdf_text
     pages = len(reader.pages)
@@ -108,25 +125,17 @@ def test_pdf_has_a_sensible_number_of_pages(pdf_text):
     print(f"book.pdf: {pages} pages")
 
 
-def test_pdf_is_printed_at_full_size(pdf_text):
+def test_pdf_is_printed_at_full_size(pdf_text, plain_text):
     """Nothing in the book is wider than an A4 page's column: Chromium did not
     shrink the book to fit (text beyond the paper's edge would still be in the
     PDF's text, so the text checks below cannot see such a cut)."""
-    reader, _, printed = pdf_text
+    _, _, printed = pdf_text
     widths = re.search(r"laid out (\d+) px wide in a (\d+) px column", printed)
     assert widths, printed
     layout, column = map(int, widths.groups())
     assert layout <= column, f"the book is {layout} px wide for a {column} px column: {printed}"
     # And in the PDF itself: most text is drawn at 0.75 pt per CSS px.
-    scales = {}
-    for page in reader.pages:
-
-        def visit(text, cm, tm, font, size):
-            if text.strip():
-                scale = round(cm[0], 3)
-                scales[scale] = scales.get(scale, 0) + len(text)
-
-        page.extract_text(visitor_text=visit)
+    _, scales = plain_text
     body = max(scales, key=scales.get)
     assert abs(body - FULL_SCALE) < 0.005, f"the book is printed at {body / FULL_SCALE:.0%}"
 
@@ -374,7 +383,9 @@ def page_scan(page) -> dict:
     import numpy as np
     import pypdfium2.raw as pdfium_c
 
-    img = np.asarray(page.render(scale=1).to_pil().convert("RGB")).astype(np.int32)
+    # uint8, and colours computed only for the rows that may be filled: reductions
+    # over an int32 copy of each of 500 pages took most of the test's time.
+    img = np.asarray(page.render(scale=1).to_pil().convert("RGB"))
     height, width, _ = img.shape
     top, bottom = round(16 * MM), height - round(16 * MM)  # make_pdf.py's margins
     left, right = round(14 * MM), width - round(14 * MM)
@@ -393,11 +404,12 @@ def page_scan(page) -> dict:
         x0, low, x1, high = text.get_charbox(i)
         if x1 > x0:
             covered[max(round(height - high) - top, 0):max(round(height - low) - top + 1, 0)] = True
-    nonwhite = area.min(axis=2) < 253
-    colour = (area[..., 0] // 4 << 12) | (area[..., 1] // 4 << 6) | area[..., 2] // 4
+    nonwhite = np.minimum(np.minimum(area[..., 0], area[..., 1]), area[..., 2]) < 253
     fill = np.zeros(rows, bool)
     for y in np.nonzero(~covered & (nonwhite.mean(axis=1) >= 0.5))[0]:
-        _, counts = np.unique(colour[y][nonwhite[y]], return_counts=True)
+        row = area[y].astype(np.int32)
+        colour = (row[:, 0] // 4 << 12) | (row[:, 1] // 4 << 6) | row[:, 2] // 4
+        _, counts = np.unique(colour[nonwhite[y]], return_counts=True)
         fill[y] = counts.max() >= 0.5 * area.shape[1]
     tallest, gap, start = 0, 0, None
     for y, flag in enumerate(np.append(fill, False)):
@@ -532,17 +544,17 @@ class _Prose(html.parser.HTMLParser):
             self.current.append(data)
 
 
-def test_no_word_or_number_is_broken_across_lines(pdf_text):
+def test_no_word_or_number_is_broken_across_lines(pdf_text, plain_text):
     """Lines break between words only: every line of code, every line of printed
     output and every run of prose is in the PDF with line breaks (or spaces) only
     where it has spaces ("sums t|o 1", "-1.64|31]" fail)."""
-    reader, _, _ = pdf_text
     # pypdf's plain mode: its layout mode spaces out a line after a ligature
     # ("Simpliﬁed dot-pr    oduct").
+    texts, _ = plain_text
     pages = []
-    for number, page in enumerate(reader.pages, start=1):
-        footer = re.compile(rf"^\s*{number}\s*/\s*{len(reader.pages)}\s*$", re.M)
-        pages.append(footer.sub("", page.extract_text() or "", count=1))
+    for number, text in enumerate(texts, start=1):
+        footer = re.compile(rf"^\s*{number}\s*/\s*{len(texts)}\s*$", re.M)
+        pages.append(footer.sub("", text, count=1))
     flat, gaps = spaced("\n".join(pages))
     gap_at = bytearray(len(flat) + 1)
     for i in gaps:
@@ -588,10 +600,9 @@ def test_no_word_or_number_is_broken_across_lines(pdf_text):
 
 
 @pytest.fixture(scope="module")
-def page_texts(pdf_text) -> list[str]:
+def page_texts(plain_text) -> list[str]:
     """Each printed page's text, squashed (see squash), the footer left in."""
-    reader, _, _ = pdf_text
-    return [squash(page.extract_text() or "") for page in reader.pages]
+    return [squash(text) for text in plain_text[0]]
 
 
 SOLUTION_BLOCK = re.compile(r"^(`{3,})\{solution\}[^\n]*\n(?::[\w-]+:[^\n]*\n)*(.*?)^\1\s*$",
