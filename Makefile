@@ -49,7 +49,9 @@ pdf: $(STAMP)
 	$(MAKE) book
 
 # --durations: the slowest tests, in every CI log, for the next decision on CI time
-# (issue 25, item 7: under 15 minutes on a quiet machine).
+# (issue 25, item 7: under 15 minutes on a quiet machine). --dist loadfile hands a
+# worker a file whole, longest first, but each learner notebook's run is a unit of
+# its own (tests/conftest.py), so that the two workers share them.
 test: $(STAMP) lint explorer
 	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=30
 

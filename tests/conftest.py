@@ -9,6 +9,13 @@ last, and one worker ran them while the other had nothing left. Longest first
 keeps both busy to the end (issue 25, item 7). The order of the tests inside a
 file is kept (nbval runs a notebook's cells in order, module fixtures build once).
 
+One file is not one unit of work: tests/test_learner_notebooks.py runs every
+learner notebook top to bottom, about as long as the chapters' own runs (400 s
+in a CI run on 2 cores, 169 s of them chapter 13's), all on one worker. Each of
+those runs (SPLIT) is a unit of its own, scheduled as long as its chapter, so
+that the two workers share them; the file's other tests stay one unit. Each run
+starts its own kernel and shares no costly fixture.
+
 A file's expected cost is its entry in ``SECONDS``, or else a tenth of a second a
 test (a notebook's kernel start added). Only the order depends on these numbers:
 a stale one costs time, not a result. The notebooks' own execution records are
@@ -39,9 +46,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 #: training loops), the chapters' running times (intro.md's table), and estimates
 #: for the files that run whole environments or notebooks.
 SECONDS = {
-    "tests/test_book.py": 560,  # the HTML build, then 51 pages x 3-4 modes in Chromium
-    "tests/test_pdf.py": 300,  # the single-page build, Chromium's print, the page scans
-    "tests/test_learner_notebooks.py": 300,  # every learner notebook, top to bottom
+    "tests/test_pdf.py": 380,  # the single-page build, Chromium's prints, the page scans
+    "tests/test_book.py": 250,  # the HTML build, then 53 pages x 3-4 modes, 4 at a time
     "chapters/13_beyond_full_attention.ipynb": 160,
     "tests/test_bench.py": 90,  # memory under torch.profiler, a whole --quick run
     "tests/test_wheel.py": 90,  # a wheel, a fresh venv, chapters 11 and 12 whole
@@ -70,25 +76,56 @@ SECONDS = {
 KERNEL_SECONDS = 5.0
 SECONDS_PER_TEST = 0.1
 
+#: Tests each of which is a unit of work of its own (by its name without the
+#: parameters): a learner notebook's run, as long as its chapter's (``cost``).
+SPLIT = ("tests/test_learner_notebooks.py::"
+         "test_a_learner_notebook_runs_with_only_the_exercise_checks_failing[",)
+
+
+def work_unit(nodeid: str) -> str:
+    """What xdist hands to a worker whole: the test's file, or the test itself if
+    it is one of SPLIT."""
+    return nodeid if nodeid.startswith(SPLIT) else nodeid.split("::", 1)[0]
+
+
+def cost(unit: str, tests: int) -> float:
+    """A unit's expected seconds on a quiet 2-core machine (only the order uses it)."""
+    if unit.startswith(SPLIT):  # a learner notebook runs what its chapter runs
+        unit = f"chapters/{unit.rsplit('[', 1)[1].rstrip(']')}.ipynb"
+        tests = 0
+    kernel = KERNEL_SECONDS if unit.endswith(".ipynb") else 0.0
+    return SECONDS.get(unit, kernel + tests * SECONDS_PER_TEST)
+
 
 def pytest_configure(config):
-    # xdist would sort the files by number of tests, undoing the order below.
+    # xdist would sort the units by number of tests, undoing the order below.
     if getattr(config.option, "dist", "no") in {"loadfile", "loadscope", "loadgroup"}:
         config.option.loadscopereorder = False
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` with work_unit's units: a file, or a test of SPLIT.
+    (tryfirst: xdist's own hook would answer first.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return Scheduling(config, log)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-    """Files longest first; a file's tests stay in their order."""
+    """Units longest first; a unit's tests stay in their order."""
     count: dict[str, int] = {}
     first: dict[str, int] = {}
     for index, item in enumerate(items):
-        name = item.nodeid.split("::", 1)[0]
-        count[name] = count.get(name, 0) + 1
-        first.setdefault(name, index)
-    cost = {}
-    for name, n in count.items():
-        kernel = KERNEL_SECONDS if name.endswith(".ipynb") else 0.0
-        cost[name] = SECONDS.get(name, kernel + n * SECONDS_PER_TEST)
-    items.sort(key=lambda item: (-cost[item.nodeid.split("::", 1)[0]],
-                                 first[item.nodeid.split("::", 1)[0]]))
+        unit = work_unit(item.nodeid)
+        count[unit] = count.get(unit, 0) + 1
+        first.setdefault(unit, index)
+    costs = {unit: cost(unit, n) for unit, n in count.items()}
+    items.sort(key=lambda item: (-costs[work_unit(item.nodeid)], first[work_unit(item.nodeid)]))
