@@ -103,10 +103,11 @@ def pytest_configure(config):
         config.option.loadscopereorder = False
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadfile`` with work_unit's units: a file, or a test of SPLIT.
-    (tryfirst: xdist's own hook would answer first.)"""
+    (tryfirst: xdist's own hook would answer first; optionalhook: a run without
+    xdist, ``-p no:xdist``, knows no such hook.)"""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
