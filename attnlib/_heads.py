@@ -9,8 +9,10 @@ from here, below both of them:
   :func:`drop_incoming_mask`);
 * :func:`resolve_head_dim`, :func:`check_key_padding_mask`,
   :func:`num_cached`, :func:`check_context` and
-  :func:`check_removed_keywords`: the checks of the multi-head modules'
-  arguments, made before any computation.
+  :func:`check_plain_multi_head`: the checks of the multi-head modules'
+  arguments, made before any computation;
+* :func:`moved_keywords`: the decorator of an ``__init__`` whose options
+  moved to a later chapter's class.
 
 The attention computation itself (readable, fused or tiled, with grouped
 key/value heads) is :func:`attnlib.functional.attention`.
@@ -18,12 +20,18 @@ key/value heads) is :func:`attnlib.functional.attention`.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 import torch
 import torch.nn as nn
 
 from ._validation import check_positive_int, type_name
 from .functional import causal_mask
 from .kv_cache import KVCache
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def register_causal_mask(module: nn.Module, context_length: int) -> None:
@@ -108,30 +116,44 @@ def resolve_head_dim(d_out: int, num_heads: int, head_dim: object) -> int:
     return check_positive_int("head_dim", head_dim)
 
 
-def check_removed_keywords(class_name: str, removed: dict[str, object]) -> None:
-    """Refuse the keywords a multi-head class's ``**removed`` caught.
+def moved_keywords(*names: str, to: str) -> Callable[[_F], _F]:
+    """Decorate an ``__init__`` so that keywords moved to another class name it.
+
+    ``@moved_keywords("qk_norm", "sinks", to="attnlib.QKNormSinkAttention")``
+    on a class's ``__init__``: a call with ``qk_norm=`` or ``sinks=`` (options
+    the class had before they moved into that class) raises a TypeError that
+    names where they went, before any computation. Every other keyword
+    reaches ``__init__`` as written, so an unknown one fails with Python's
+    own TypeError ("got an unexpected keyword argument"). ``functools.wraps``
+    keeps the signature inspectable (``inspect.signature`` shows
+    ``__init__``'s own).
 
     Args:
-        class_name: the class called, for the message.
-        removed: the keywords its signature does not name (empty passes).
+        *names: the keywords that moved.
+        to: keyword-only; the class that takes them now, as the message names it.
+
+    Returns:
+        The decorator.
 
     Raises:
-        TypeError: for any keyword; ``qk_norm`` and ``sinks`` (options of
-            these classes before QK-norm and sinks moved into chapter 13's
-            subclass) name :class:`attnlib.QKNormSinkAttention`, any other is
-            unexpected (a typo fails as it would without ``**removed``).
+        TypeError: (from the decorated call) a moved keyword is given, with
+            any value.
     """
-    moved = [name for name in ("qk_norm", "sinks") if name in removed]
-    if moved:
-        raise TypeError(
-            f"{class_name} no longer takes {' or '.join(moved)}: QK-norm and attention "
-            "sinks are chapter 13's subclass, attnlib.QKNormSinkAttention(..., "
-            "qk_norm=True, sinks=True), which takes GroupedQueryAttention's arguments"
-        )
-    if removed:
-        raise TypeError(
-            f"{class_name}() got an unexpected keyword argument {next(iter(removed))!r}"
-        )
+
+    def decorate(fn: _F) -> _F:
+        @functools.wraps(fn)
+        def wrapper(self: object, *args: Any, **kwargs: Any) -> Any:
+            given = [name for name in names if name in kwargs]
+            if given:
+                raise TypeError(
+                    f"{type_name(self)} no longer takes {' or '.join(given)}: it moved "
+                    f"to {to}; build that class instead"
+                )
+            return fn(self, *args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
 
 
 def check_key_padding_mask(
@@ -192,8 +214,8 @@ def check_context(
 
     Raises:
         TypeError: ``context`` is not a tensor of ``x``'s dtype.
-        ValueError: a causal module, or one with RoPE, is given a context; a
-            context with a KV cache; ``context`` is not ``(batch, num_tokens_kv,
+        ValueError: a causal module is given a context; a context with a KV
+            cache; ``context`` is not ``(batch, num_tokens_kv,
             d_in)`` with ``x``'s batch and at least one token, or on another device.
     """
     if context is None:
@@ -203,11 +225,6 @@ def check_context(
             "context was given to a causal module: in cross-attention every query may see "
             "every key of the context, so a causal mask there is a mistake; build the "
             "module with causal=False"
-        )
-    if getattr(module, "rope", None) is not None:
-        raise ValueError(
-            "context was given to a module with rope=True: the positions of queries and of "
-            "the context's keys belong to different sequences; build it with rope=False"
         )
     if kv_cache is not None:
         raise ValueError(
@@ -232,15 +249,18 @@ def check_context(
 
 
 def check_plain_multi_head(module: nn.Module, name: str, needed_by: str) -> None:
-    """Refuse a multi-head attention module with shared key/value heads or RoPE.
+    """Refuse a multi-head attention module that computes more than chapter 6's.
 
     For converters written for chapter 6's :class:`attnlib.MultiHeadAttention`,
-    which its subclass :class:`attnlib.GroupedQueryAttention` passes as an
-    ``isinstance`` check.
+    which its subclasses :class:`attnlib.GroupedQueryAttention` and
+    :class:`attnlib.QKNormSinkAttention` pass as an ``isinstance`` check: shared
+    key/value heads, RoPE, QK-norm, sinks or a sliding window would be lost
+    in the conversion (a subclass without them computes chapter 6's layer).
 
     Raises:
-        ValueError: ``num_kv_groups != num_heads`` or ``rope`` is set, naming
-            ``name`` (the argument) and ``needed_by`` (what needs it plain).
+        ValueError: ``num_kv_groups != num_heads``, or ``rope``, ``qk_norm``,
+            ``sinks`` or ``window`` is set, naming ``name`` (the argument) and
+            ``needed_by`` (what needs it plain).
     """
     num_heads, num_kv_groups = module.num_heads, module.num_kv_groups
     has_rope = getattr(module, "rope", None) is not None
@@ -249,4 +269,11 @@ def check_plain_multi_head(module: nn.Module, name: str, needed_by: str) -> None
             f"{needed_by} needs multi-head attention without shared key/value heads or RoPE: "
             f"{name} has num_kv_groups={num_kv_groups} (num_heads={num_heads}) and "
             f"rope={has_rope}"
+        )
+    parts = [part for part in ("qk_norm", "sinks", "window")
+             if getattr(module, part, None) is not None]
+    if parts:
+        raise ValueError(
+            f"{needed_by} needs multi-head attention without QK-norm, sinks or a sliding "
+            f"window: {name} ({type_name(module)}) has {', '.join(parts)}"
         )

@@ -20,7 +20,7 @@ from typing import Literal, overload
 
 import torch
 
-from ._heads import check_removed_keywords
+from ._heads import moved_keywords
 from ._validation import check_bool
 from .kv_cache import KVCache
 from .multihead import MultiHeadAttention
@@ -133,6 +133,7 @@ class GroupedQueryAttention(MultiHeadAttention):
     Su et al. (2021), RoFormer, eq. (34) (RoPE).
     """
 
+    @moved_keywords("qk_norm", "sinks", to="attnlib.QKNormSinkAttention")
     def __init__(
         self,
         d_in: int,
@@ -150,9 +151,7 @@ class GroupedQueryAttention(MultiHeadAttention):
         mask_buffer: bool = True,
         causal: bool = True,
         attn_implementation: str = "sdpa",
-        **removed: object,
     ) -> None:
-        check_removed_keywords(type(self).__name__, removed)
         check_bool("rope", rope)
         # Multi-head attention's layer, with num_kv_groups key/value heads:
         # W_key and W_value map d_in -> num_kv_groups * head_dim.
@@ -167,7 +166,6 @@ class GroupedQueryAttention(MultiHeadAttention):
             else None
         )
 
-    # forward's three typings (Literal[False], Literal[True], bool), as MultiHeadAttention's
     @overload
     def forward(self, x: torch.Tensor, return_weights: Literal[False] = ..., *,
                 context: torch.Tensor | None = ..., kv_cache: KVCache | None = ...,
@@ -210,6 +208,22 @@ class GroupedQueryAttention(MultiHeadAttention):
         if return_weights and attn_weights is not None:  # the readable path's weights
             return output, attn_weights
         return output
+
+    def check_inputs(self, x: torch.Tensor, return_weights: bool, context: torch.Tensor | None,
+                     kv_cache: KVCache | None, key_padding_mask: torch.Tensor | None) -> int:
+        """:meth:`attnlib.MultiHeadAttention.check_inputs`, and no ``context`` with RoPE.
+
+        Raises:
+            TypeError, ValueError: as there; ValueError: a ``context`` given to
+                a module with RoPE (its positions and the queries' are of two sequences).
+        """
+        cached = super().check_inputs(x, return_weights, context, kv_cache, key_padding_mask)
+        if context is not None and self.rope is not None:
+            raise ValueError(
+                "context was given to a module with rope=True: the positions of queries and of "
+                "the context's keys belong to different sequences; build it with rope=False"
+            )
+        return cached
 
     def transform_queries_keys(
         self, queries: torch.Tensor, keys: torch.Tensor, num_cached: int

@@ -272,17 +272,18 @@ def _from_llama_layout(hf_attn: Any, context_length: int, *, sinks: bool) -> Gro
     params = _rope_parameters(config)
     rope_type = params.get("rope_type", "default")
     qkv_bias = q_proj.bias is not None
-    cls = QKNormSinkAttention if qk_norm or sinks or window else GroupedQueryAttention
-    new = cls(
-        hidden, o_proj.out_features, context_length,
-        float(getattr(config, "attention_dropout", 0.0)), num_heads, num_kv, qkv_bias,
-        out_bias=o_proj.bias is not None, rope=True,
-        rope_base=float(params["rope_theta"]), head_dim=head_dim,
-    )
-    if isinstance(new, QKNormSinkAttention):  # chapter 13's parts, after the layers
-        new.qk_norm = QKNorm(head_dim, eps=_norm_eps(hf_attn.q_norm)) if qk_norm else None
-        new.sinks = AttentionSinks(num_heads) if sinks else None
-        new.window = window
+    args = (hidden, o_proj.out_features, context_length,
+            float(getattr(config, "attention_dropout", 0.0)), num_heads, num_kv, qkv_bias)
+    options: dict[str, Any] = dict(out_bias=o_proj.bias is not None, rope=True,
+                                   rope_base=float(params["rope_theta"]), head_dim=head_dim)
+    new: GroupedQueryAttention
+    if qk_norm or sinks or window:  # chapter 13's parts, created after the layers
+        new = QKNormSinkAttention(
+            *args, **options, qk_norm=qk_norm, sinks=sinks, window=window,
+            qk_norm_eps=_norm_eps(hf_attn.q_norm) if qk_norm else 1e-6,
+        )
+    else:
+        new = GroupedQueryAttention(*args, **options)
     qk_norm_module, sinks_module = _qk_norm_and_sinks(new)
     if rope_type != "default":
         new.rope = RotaryPositionalEmbedding(

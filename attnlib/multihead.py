@@ -32,7 +32,8 @@ import torch.nn.functional as F
 from ._heads import (
     check_context,
     check_key_padding_mask,
-    check_removed_keywords,
+    check_plain_multi_head,
+    moved_keywords,
     num_cached,
     register_causal_mask,
     register_no_mask,
@@ -325,6 +326,7 @@ class MultiHeadAttention(nn.Module):
 
     mask: torch.Tensor | None  # register_causal_mask's buffer; None with mask_buffer=False
 
+    @moved_keywords("qk_norm", "sinks", to="attnlib.QKNormSinkAttention")
     def __init__(
         self,
         d_in: int,
@@ -340,9 +342,7 @@ class MultiHeadAttention(nn.Module):
         attn_implementation: str = "sdpa",
         num_kv_groups: int | None = None,
         head_dim: int | None = None,
-        **removed: object,
     ) -> None:
-        check_removed_keywords(type(self).__name__, removed)
         for name, size in (("d_in", d_in), ("d_out", d_out), ("context_length", context_length)):
             check_positive_int(name, size)
         check_dropout(dropout)
@@ -499,7 +499,7 @@ class MultiHeadAttention(nn.Module):
 
         Raises:
             TypeError, ValueError: as :meth:`forward` documents; a ``context``
-                given to a causal module or one with RoPE, or with a cache.
+                given to a causal module, or with a cache.
         """
         check_input(x, self.d_in, (3,), self.context_length, like=self.W_query.weight)
         check_bool("return_weights", return_weights)
@@ -691,6 +691,12 @@ class MultiHeadAttention(nn.Module):
         attn_mask=~attnlib.causal_mask(num_tokens), need_weights=False)[0]``
         (torch's bool masks are True where attention is **blocked**).
 
+        Called on ``MultiHeadAttention`` only: a torch module is plain
+        multi-head attention, which a subclass (grouped-query attention, RoPE,
+        QK-norm, sinks) would only pretend to be, so
+        ``GroupedQueryAttention.from_torch`` raises a TypeError instead of
+        returning another class than it names.
+
         Args:
             module: a ``torch.nn.MultiheadAttention`` built with
                 ``batch_first=True`` and without ``kdim``/``vdim`` different
@@ -701,13 +707,19 @@ class MultiHeadAttention(nn.Module):
             A :class:`MultiHeadAttention` with ``d_in = d_out = embed_dim``.
 
         Raises:
-            TypeError: ``module`` is not a ``torch.nn.MultiheadAttention``.
+            TypeError: ``module`` is not a ``torch.nn.MultiheadAttention``, or
+                ``from_torch`` is called on a subclass.
             ValueError: ``module`` has ``batch_first=False``, ``kdim`` or
                 ``vdim`` different from ``embed_dim``, ``add_bias_kv=True`` or
                 ``add_zero_attn=True``; or ``context_length`` is not positive.
 
         Source: the parameter layout of :class:`torch.nn.MultiheadAttention`.
         """
+        if cls is not MultiHeadAttention:
+            raise TypeError(
+                f"{cls.__name__}.from_torch is not supported: torch.nn.MultiheadAttention is "
+                "plain multi-head attention; call attnlib.MultiHeadAttention.from_torch"
+            )
         if not isinstance(module, nn.MultiheadAttention):
             raise TypeError(
                 f"module must be a torch.nn.MultiheadAttention, got {type_name(module)}"
@@ -728,13 +740,13 @@ class MultiHeadAttention(nn.Module):
 
         qkv_bias = module.in_proj_bias is not None
         out_bias = module.out_proj.bias is not None
-        new = cls(
+        new = MultiHeadAttention(
             embed_dim,
             embed_dim,
             context_length,
             float(module.dropout),
             module.num_heads,
-            qkv_bias,
+            qkv_bias=qkv_bias,
             out_bias=out_bias,
         )
         ref = module.in_proj_weight
@@ -773,15 +785,25 @@ class MultiHeadAttention(nn.Module):
         (True = blocked, torch's polarity) or ``is_causal=True`` with that mask,
         to get this module's causal output.
 
+        Only plain multi-head attention converts: a subclass's module with
+        shared key/value heads, RoPE, QK-norm, sinks or a sliding window is
+        refused before anything is built (torch's module has none of them, so
+        it would compute something else); one without them (e.g.
+        ``GroupedQueryAttention`` with ``num_kv_groups == num_heads`` and no
+        RoPE) converts.
+
         Returns:
             A ``torch.nn.MultiheadAttention`` with ``embed_dim = d_out``.
 
         Raises:
-            ValueError: ``d_in != d_out``, or ``num_heads * head_dim != d_out``
-                (torch's self-attention uses one ``embed_dim`` for all three).
+            ValueError: ``num_kv_groups != num_heads``, or the module has RoPE,
+                QK-norm, sinks or a window; ``d_in != d_out``, or ``num_heads *
+                head_dim != d_out`` (torch's self-attention uses one
+                ``embed_dim`` for all three).
 
         Source: the parameter layout of :class:`torch.nn.MultiheadAttention`.
         """
+        check_plain_multi_head(self, "self", "to_torch")
         if self.num_heads * self.head_dim != self.d_out:
             raise ValueError(
                 f"to_torch needs num_heads * head_dim == d_out (torch's embed_dim), got "

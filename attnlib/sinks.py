@@ -16,17 +16,20 @@ so a row may sum to less than 1 and a head can attend to "nothing".
 keys (with a learned per-feature gain) before RoPE, which bounds the attention
 logits and steadies training.
 
-Both are parts a multi-head ``forward`` calls in one line each:
+:class:`QKNormSinkAttention` is :class:`attnlib.GroupedQueryAttention` with
+both (chapter 13), each one line in a step of the grouped-query layer:
 
 .. code-block:: python
 
-    queries, keys = self.qk_norm(queries, keys)           # QKNorm, before RoPE
-    context_vec = self.sinks(queries, keys, values, attn_mask=allowed)  # AttentionSinks
+    # transform_queries_keys, before RoPE: QKNorm's two RMSNorms
+    queries, keys = self.qk_norm(queries, keys)
+    # attend: the sink logits go into attnlib.functional.attention's softmax
+    options["sinks"] = self.sinks.sinks  # (num_heads,), an AttentionSinks' parameter
 
-:class:`QKNormSinkAttention` is :class:`attnlib.GroupedQueryAttention` with
-both (chapter 13): it extends the grouped-query layer's RoPE step with QK-norm,
-its attention step with the sink logits, and its mask with gpt-oss's optional
-sliding window.
+and its mask step gives gpt-oss's optional sliding window. The sink logits
+are an :class:`AttentionSinks`' parameter; its own ``forward``
+(:func:`sink_attention`, the readable path) is for using sinks outside a
+multi-head layer.
 
 Shape legend: ``(batch, num_heads, num_tokens, head_dim)`` for queries,
 ``(batch, num_kv_groups, num_tokens_kv, head_dim)`` for keys and values
@@ -35,12 +38,13 @@ Shape legend: ``(batch, num_heads, num_tokens, head_dim)`` for queries,
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-from ._validation import check_bool, check_float_tensor, check_positive_int
+from ._validation import check_bool, check_float_tensor, check_positive_int, type_name
 from .functional import (
     attention,
     merge_key_padding_mask,
@@ -48,6 +52,7 @@ from .functional import (
     softmax_with_sinks,
 )
 from .gqa import GroupedQueryAttention
+from .kv_cache import KVCache
 
 __all__ = [
     "softmax_with_sinks",
@@ -56,6 +61,15 @@ __all__ = [
     "QKNorm",
     "QKNormSinkAttention",
 ]
+
+
+def _check_eps(name: str, value: object) -> float:
+    """A positive finite float (an int is taken too; a bool is not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a positive finite float, got {type_name(value)}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive finite float, got {value!r}")
+    return float(value)
 
 
 def sink_attention(
@@ -213,12 +227,19 @@ class QKNormSinkAttention(GroupedQueryAttention):
       learned sink logit (initialised to 0) that joins its softmax's
       denominator, so a head may attend to "nothing", as gpt-oss does; its
       ``sinks`` go into :func:`attnlib.functional.attention` in :meth:`attend`,
-      on every path (the ``"flash"`` path has no sinks and refuses them);
+      on every path but ``"flash"``;
     * ``window=W``: each query attends to the last ``W`` keys, itself included
       (:func:`attnlib.functional.sliding_window_mask`, aligned at the
       bottom-right after a KV cache), in :meth:`attention_mask`, as gpt-oss's
       sliding-window layers (``W = 128``) and Mistral do. The cache still keeps
-      every key; the ``"flash"`` path, which takes no mask, refuses it.
+      every key.
+
+    The ``"flash"`` path (:func:`attnlib.functional.flash_attention`, chapter
+    8's tiled kernel) has no sinks and no mask but the causal one, so
+    :meth:`check_inputs` refuses ``attn_implementation="flash"`` with sinks or
+    a window, on each call before any computation (the attribute may be set
+    after construction); ``return_weights=True`` takes the readable path and
+    works.
 
     With ``qk_norm=False``, ``sinks=False`` and ``window=None`` it computes
     what :class:`attnlib.GroupedQueryAttention` computes.
@@ -227,14 +248,14 @@ class QKNormSinkAttention(GroupedQueryAttention):
         d_in, d_out, context_length, dropout: as
             :class:`attnlib.GroupedQueryAttention`.
         num_heads, num_kv_groups, qkv_bias: as there.
+        out_bias, rope, rope_base, head_dim: keyword-only; as there.
+        mask_buffer, causal, attn_implementation: keyword-only; as there.
         qk_norm: keyword-only; add the :class:`QKNorm`. Default False.
+        qk_norm_eps: keyword-only; the QK-norm RMSNorms' epsilon, a positive
+            finite float. Default 1e-6.
         sinks: keyword-only; add the :class:`AttentionSinks`. Default False.
         window: keyword-only; the sliding window, a positive int, or None
             (default: full causal attention). Only with ``causal=True``.
-        **options: :class:`attnlib.GroupedQueryAttention`'s keyword-only
-            arguments (``out_bias``, ``rope``, ``rope_base``, ``head_dim``,
-            ``mask_buffer``, ``causal``, ``attn_implementation``), passed on;
-            any other keyword is a TypeError.
 
     Attributes:
         qk_norm: the :class:`QKNorm` (``state_dict`` keys
@@ -249,9 +270,11 @@ class QKNormSinkAttention(GroupedQueryAttention):
 
     Raises:
         TypeError: as :class:`attnlib.GroupedQueryAttention`, ``qk_norm``
-            or ``sinks`` is not a bool, or ``window`` is neither None nor an int.
+            or ``sinks`` is not a bool, ``qk_norm_eps`` is not a float, or
+            ``window`` is neither None nor an int.
         ValueError: as :class:`attnlib.GroupedQueryAttention`; ``window`` is
-            not positive, or is given with ``causal=False``.
+            not positive, or is given with ``causal=False``; ``qk_norm_eps``
+            is not positive and finite.
 
     Source: Dehghani et al. (2023), "Scaling Vision Transformers to 22
     Billion Parameters", section 3.1, and Qwen team (2025), "Qwen3 Technical
@@ -262,19 +285,25 @@ class QKNormSinkAttention(GroupedQueryAttention):
 
     def __init__(self, d_in: int, d_out: int, context_length: int, dropout: float,
                  num_heads: int, num_kv_groups: int, qkv_bias: bool = False, *,
-                 qk_norm: bool = False, sinks: bool = False, window: int | None = None,
-                 **options: Any) -> None:
+                 out_bias: bool = True, rope: bool = False, rope_base: float = 10000.0,
+                 head_dim: int | None = None, mask_buffer: bool = True, causal: bool = True,
+                 attn_implementation: str = "sdpa", qk_norm: bool = False,
+                 qk_norm_eps: float = 1e-6, sinks: bool = False,
+                 window: int | None = None) -> None:
         check_bool("qk_norm", qk_norm)
+        qk_norm_eps = _check_eps("qk_norm_eps", qk_norm_eps)
         check_bool("sinks", sinks)
         if window is not None:
             window = check_positive_int("window", window)
-            if options.get("causal", True) is False:
+            if causal is False:
                 raise ValueError(f"window={window} is a causal sliding window: it needs "
                                  "causal=True, got causal=False")
         super().__init__(d_in, d_out, context_length, dropout, num_heads, num_kv_groups,
-                         qkv_bias, **options)  # GroupedQueryAttention's keyword-only options
+                         qkv_bias, out_bias=out_bias, rope=rope, rope_base=rope_base,
+                         head_dim=head_dim, mask_buffer=mask_buffer, causal=causal,
+                         attn_implementation=attn_implementation)
         # Created after the parent's layers, so that the seeded weights are the same.
-        self.qk_norm = QKNorm(self.head_dim) if qk_norm else None
+        self.qk_norm = QKNorm(self.head_dim, eps=qk_norm_eps) if qk_norm else None
         self.sinks = AttentionSinks(self.num_heads) if sinks else None
         self.window = window
 
@@ -289,12 +318,45 @@ class QKNormSinkAttention(GroupedQueryAttention):
             queries, keys = self.qk_norm(queries, keys)
         return super().transform_queries_keys(queries, keys, num_cached)
 
-    def attend(self, *args: Any, **options: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def check_inputs(self, x: torch.Tensor, return_weights: bool,
+                     context: torch.Tensor | None, kv_cache: KVCache | None,
+                     key_padding_mask: torch.Tensor | None) -> int:
+        """:meth:`attnlib.GroupedQueryAttention.check_inputs`, and no ``"flash"``
+        path with sinks or a window (it has neither): checked on each call,
+        before any computation, since ``attn_implementation`` may change.
+
+        Raises:
+            TypeError, ValueError: as there; ValueError: ``attn_implementation
+                == "flash"`` without ``return_weights`` in a module with sinks or
+                a window.
+        """
+        cached = super().check_inputs(x, return_weights, context, kv_cache, key_padding_mask)
+        parts = [part for part, on in (("sinks", self.sinks is not None),
+                                       (f"window={self.window}", self.window is not None)) if on]
+        if self.attn_implementation == "flash" and not return_weights and parts:
+            raise ValueError(
+                f"attn_implementation='flash' cannot run a module with {' and '.join(parts)}: "
+                "attnlib.functional.flash_attention (chapter 8's tiled kernel) has no sinks "
+                "and no mask but the causal one; use 'sdpa' or 'readable'"
+            )
+        return cached
+
+    def attend(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               attn_mask: torch.Tensor | None, is_causal: bool, return_weights: bool = False,
+               **options: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`attnlib.MultiHeadAttention.attend` (same arguments and shapes) with
-        the sink logits, if any: the readable path's weights then sum to less than 1."""
+        the sink logits, if any: the readable path's weights then sum to less than 1.
+
+        Raises:
+            TypeError: ``sinks=`` is given to a module that has its own.
+        """
         if self.sinks is not None:  # gpt-oss: each head's sink logit joins its softmax
+            if "sinks" in options:
+                raise TypeError("attend got sinks= but the module has its own sinks "
+                                "(sinks.sinks); pass none, or build it with sinks=False")
             options["sinks"] = self.sinks.sinks  # (num_heads,)
-        return super().attend(*args, **options)
+        return super().attend(queries, keys, values, attn_mask, is_causal, return_weights,
+                              **options)
 
     def attention_mask(self, num_cached: int, num_tokens_kv: int,
                        key_padding_mask: torch.Tensor | None = None, *, fast: bool = False,

@@ -2,6 +2,8 @@
 (issue 27): the readable, fused and tiled paths behind one signature, with
 grouped key/value heads; and the modules' attn_implementation, mask and cache."""
 
+import inspect
+
 import pytest
 import torch
 from torch.testing import assert_close
@@ -139,12 +141,13 @@ def test_grouped_query_attention_extends_multi_head_attention():
     assert not issubclass(MultiHeadAttention, GroupedQueryAttention)
     assert MultiHeadAttention.__bases__ == (torch.nn.Module,)
     # Chapter 6's forward has no hook for later chapters; GroupedQueryAttention's own
-    # forward is built from its public steps, which it does not write again, plus RoPE.
+    # forward is built from its public steps, which it does not write again, plus RoPE
+    # (and check_inputs adds RoPE's refusal of a context to the parent's checks).
     assert not hasattr(MultiHeadAttention, "transform_queries_keys")
     assert GroupedQueryAttention.forward is not MultiHeadAttention.forward
-    for step in ("check_inputs", "project", "split_heads", "attention_mask", "attend",
-                 "merge_heads"):
+    for step in ("project", "split_heads", "attention_mask", "attend", "merge_heads"):
         assert getattr(GroupedQueryAttention, step) is getattr(MultiHeadAttention, step)
+    assert "super().check_inputs(" in inspect.getsource(GroupedQueryAttention.check_inputs)
     for name in ("qk_norm", "sinks", "rope"):
         assert not hasattr(MultiHeadAttention(4, 4, 8, 0.0, 2), name)
 

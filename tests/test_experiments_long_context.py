@@ -107,3 +107,12 @@ def test_gqa_conversion_keeps_mha_when_nothing_is_pooled(tiny_models):
     assert result.mha_cache_bytes_per_token == 2 * 4 * 8 * 4 * 2
     with pytest.raises(ValueError, match="does not divide"):
         gqa_from_mha_accuracy(tiny_models, num_kv_groups=(3,))
+
+
+def test_pooling_refuses_a_subclass_whose_parts_it_would_drop():
+    from attnlib import QKNormSinkAttention
+
+    for options in ({"sinks": True}, {"qk_norm": True}, {"window": 3}, {}):
+        attn = QKNormSinkAttention(8, 8, 6, 0.0, 4, 4, **options)
+        with pytest.raises(TypeError, match="QKNormSinkAttention"):
+            mean_pool_kv_heads(attn, 2)

@@ -373,3 +373,91 @@ def test_state_dicts_load_across_mask_buffer():
     assert torch.equal(back.mask, causal_mask(8))
     with pytest.raises(TypeError, match="mask_buffer"):
         GroupedQueryAttention(6, 6, 8, 0.0, 2, 1, mask_buffer=None)
+
+
+# -- chapter 9's forward is chapter 6's plus RoPE, and stays so ----------------------
+
+
+def _forward_body(cls: type) -> list:
+    """The statements of ``cls.forward`` (its own definition), docstring left out."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls.__dict__["forward"])))
+    function = tree.body[0]
+    assert isinstance(function, ast.FunctionDef)
+    body = function.body
+    if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # the docstring
+    return [function.args, *body]
+
+
+def test_gqa_forward_is_mha_forward_plus_the_rope_statement():
+    import ast
+
+    mha, gqa = _forward_body(MultiHeadAttention), _forward_body(GroupedQueryAttention)
+    rope = [s for s in gqa if "transform_queries_keys" in ast.dump(s)]
+    assert len(rope) == 1  # the one statement chapter 9 adds
+    rest = [s for s in gqa if s is not rope[0]]
+    assert [ast.dump(s) for s in rest] == [ast.dump(s) for s in mha]
+
+
+def test_the_moved_keywords_leave_the_printed_signature_plain():
+    import inspect
+
+    for cls in (MultiHeadAttention, GroupedQueryAttention):
+        kinds = [p.kind for p in inspect.signature(cls.__init__).parameters.values()]
+        assert inspect.Parameter.VAR_KEYWORD not in kinds
+        assert "removed" not in inspect.getsource(cls.__init__)
+
+
+def test_context_with_rope_is_grouped_query_attentions_check():
+    import inspect
+
+    from attnlib import _heads
+
+    for source in (inspect.getsource(MultiHeadAttention.check_inputs),
+                   inspect.getsource(_heads.check_context)):
+        assert "rope" not in source  # chapter 6's class does not know RoPE
+    rope = _gqa(num_heads=3, num_kv_groups=3, d_out=12, rope=True, causal=False)
+    x, context = torch.randn(2, 4, 10, dtype=torch.float64), torch.randn(2, 5, 10,
+                                                                         dtype=torch.float64)
+    with pytest.raises(ValueError, match="rope=True"):
+        rope(x, context=context)
+    assert _gqa(num_heads=3, num_kv_groups=3, causal=False)(x, context=context).shape == (
+        2, 4, 12)
+
+
+# -- torch.nn.MultiheadAttention converts plain multi-head attention only -----------------
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: GroupedQueryAttention(8, 8, 4, 0.0, 2, 1), r"num_kv_groups=1"),
+        (lambda: GroupedQueryAttention(8, 8, 4, 0.0, 2, 2, rope=True), r"rope=True"),
+        (lambda: attnlib.QKNormSinkAttention(8, 8, 4, 0.0, 2, 2, sinks=True), r"sinks"),
+        (lambda: attnlib.QKNormSinkAttention(8, 8, 4, 0.0, 2, 2, qk_norm=True), r"qk_norm"),
+        (lambda: attnlib.QKNormSinkAttention(8, 8, 4, 0.0, 2, 2, window=2), r"window"),
+    ],
+)
+def test_to_torch_refuses_what_torch_cannot_compute(make, match):
+    with pytest.raises(ValueError, match=rf"to_torch needs.*{match}"):
+        make().to_torch()
+
+
+def test_to_torch_of_a_plain_gqa_computes_the_same():
+    module = _gqa(d_in=12, num_heads=3, num_kv_groups=3)
+    theirs = module.to_torch()
+    x = torch.randn(2, 5, 12, dtype=torch.float64)
+    expected = theirs(x, x, x, attn_mask=~causal_mask(5), need_weights=False)[0]
+    assert_close(module(x), expected)
+
+
+def test_from_torch_on_a_subclass_is_refused():
+    theirs = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    for cls in (GroupedQueryAttention, attnlib.QKNormSinkAttention):
+        with pytest.raises(TypeError, match=rf"{cls.__name__}\.from_torch is not supported"):
+            cls.from_torch(theirs, 4)
+    assert type(MultiHeadAttention.from_torch(theirs, 4)) is MultiHeadAttention

@@ -218,3 +218,58 @@ def test_window_is_checked_and_shown():
     flash = QKNormSinkAttention(8, 8, 6, 0.0, 2, 1, window=4, attn_implementation="flash")
     with pytest.raises(ValueError, match="flash"):
         flash(torch.randn(1, 5, 8))
+
+
+def test_qk_norm_eps_reaches_the_norms_and_is_checked():
+    module = QKNormSinkAttention(8, 8, 6, 0.0, 2, 1, qk_norm=True, qk_norm_eps=1e-5)
+    assert module.qk_norm.q_norm.eps == module.qk_norm.k_norm.eps == 1e-5
+    assert QKNormSinkAttention(8, 8, 6, 0.0, 2, 1, qk_norm=True).qk_norm.q_norm.eps == 1e-6
+    for bad, error in ((0.0, ValueError), (-1e-6, ValueError), (float("inf"), ValueError),
+                       (float("nan"), ValueError), ("1e-6", TypeError), (True, TypeError)):
+        with pytest.raises(error, match="qk_norm_eps"):
+            QKNormSinkAttention(8, 8, 6, 0.0, 2, 1, qk_norm=True, qk_norm_eps=bad)
+
+
+def test_the_keyword_only_arguments_are_spelled_out():
+    import inspect
+
+    own = inspect.signature(QKNormSinkAttention.__init__).parameters
+    parent = inspect.signature(GroupedQueryAttention.__init__).parameters
+    assert inspect.Parameter.VAR_KEYWORD not in [p.kind for p in own.values()]
+    for name, p in parent.items():  # every parent argument, with its default
+        assert own[name].default == p.default and own[name].kind == p.kind
+
+
+@pytest.mark.parametrize("options", [{"sinks": True}, {"window": 3}])
+def test_flash_with_sinks_or_a_window_is_refused_before_any_computation(options):
+    module = QKNormSinkAttention(8, 8, 6, 0.0, 2, 1, attn_implementation="flash", **options)
+    calls = []
+    module.project = lambda *args, **kw: calls.append(args)  # type: ignore[method-assign]
+    with pytest.raises(ValueError, match="attn_implementation='flash' cannot run"):
+        module(torch.randn(1, 4, 8))
+    assert calls == []  # refused before the projection
+    module = QKNormSinkAttention(8, 8, 6, 0.0, 2, 1, **options).eval()
+    x = torch.randn(1, 4, 8)
+    module(x)
+    module.attn_implementation = "flash"  # an attribute: checked on each call
+    with pytest.raises(ValueError, match="flash"):
+        module(x)
+    assert module(x, return_weights=True)[0].shape == (1, 4, 8)  # the readable path
+    plain = QKNormSinkAttention(8, 8, 6, 0.0, 2, 1, qk_norm=True, attn_implementation="flash")
+    assert plain.eval()(x).shape == (1, 4, 8)  # QK-norm alone runs on flash
+
+
+def test_attend_has_the_parents_signature_and_refuses_a_second_sinks():
+    import inspect
+
+    assert (inspect.signature(QKNormSinkAttention.attend).parameters.keys()
+            == inspect.signature(MultiHeadAttention.attend).parameters.keys())
+    module = _module(False, True)
+    q, k = torch.randn(1, 4, 3, 6, dtype=torch.float64), torch.randn(1, 2, 3, 6,
+                                                                     dtype=torch.float64)
+    with pytest.raises(TypeError, match="sinks"):
+        module.attend(q, k, k, None, True, sinks=torch.zeros(4, dtype=torch.float64))
+    without = _module(False, False)
+    sinks = torch.randn(4, dtype=torch.float64)
+    got, _ = without.attend(q, k, k, None, True, sinks=sinks)  # passed on without its own
+    assert_close(got, sink_attention(q, k, k, sinks, is_causal=True), **TOL)

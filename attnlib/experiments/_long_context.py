@@ -345,8 +345,10 @@ def mean_pool_kv_heads(attn: GroupedQueryAttention, num_kv_groups: int) -> Group
     copied unchanged.
 
     Args:
-        attn: a :class:`attnlib.GroupedQueryAttention` (with ``num_kv_groups
-            = num_heads`` it is multi-head attention).
+        attn: a :class:`attnlib.GroupedQueryAttention` of exactly that class
+            (with ``num_kv_groups = num_heads`` it is multi-head attention); a
+            subclass such as :class:`attnlib.QKNormSinkAttention` is refused,
+            since its parts (QK-norm, sinks, window) would be lost.
         num_kv_groups: the new number of key/value heads; must divide
             ``attn.num_kv_groups``.
 
@@ -354,15 +356,18 @@ def mean_pool_kv_heads(attn: GroupedQueryAttention, num_kv_groups: int) -> Group
         A new ``GroupedQueryAttention`` in ``attn``'s mode, dtype and device.
 
     Raises:
-        TypeError: ``attn`` is not a ``GroupedQueryAttention``.
+        TypeError: ``attn``'s type is not exactly ``GroupedQueryAttention``.
         ValueError: ``num_kv_groups`` is not a positive divisor of
             ``attn.num_kv_groups``.
 
     Source: Ainslie et al. (2023), "GQA: Training Generalized Multi-Query
     Transformer Models from Multi-Head Checkpoints", section 2.1 (mean pooling).
     """
-    if not isinstance(attn, GroupedQueryAttention):
-        raise TypeError(f"attn must be a GroupedQueryAttention, got {type_name(attn)}")
+    if type(attn) is not GroupedQueryAttention:  # a subclass's own parts would be dropped
+        raise TypeError(
+            f"attn must be an attnlib.GroupedQueryAttention (not a subclass, whose parts the "
+            f"pooled copy would drop), got {type_name(attn)}"
+        )
     check_positive_int("num_kv_groups", num_kv_groups)
     if attn.num_kv_groups % num_kv_groups != 0:
         raise ValueError(
