@@ -89,7 +89,7 @@ from .sinks import QKNormSinkAttention
 from .source import expect, show_source
 from .viz import plot_attention
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 __all__ = [
     "CausalAttention",
