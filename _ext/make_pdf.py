@@ -16,10 +16,14 @@ next line did not fit below two blank lines of code) starts on the next page
 instead, found by a scan of the printed pages and printed again; so does a
 figure that leaves more than half of the page before it blank (it is printed
 smaller, to fill that page, or where it would have to be too small, the prose
-after it comes before it); the last of these prints tells on which page each
-chapter starts, and the final one writes
-those numbers into the contents, in boxes reserved before so that nothing
-moves. The PDF has a bookmark (outline entry) for each chapter and section.
+after it comes before it). Each page of the book starts a new sheet, so these
+prints after the first show only the pages of the book that changed (``ONLY``),
+a fraction of the book. Adding up how many pages each page of the book took
+when last printed tells on which page each starts; the final print, of the
+whole book, has those numbers in the contents, in boxes reserved before so
+that nothing moves, and is checked against them (where they are wrong, the
+numbers it shows are written in and it is printed once more). The PDF has a
+bookmark (outline entry) for each chapter and section.
 The HTML book's next build copies the PDF next to its pages and links it from
 the introduction (``make pdf`` runs that build; see ``_ext/course_html.py``).
 """
@@ -467,6 +471,32 @@ DEFER = """([id, room, need]) => {
 }"""
 
 
+# Print only the pages of the book (each a chapter, the introduction with the
+# cover, the appendix) that hold these element ids, the others hidden; ``null``:
+# every page again. Each page of the book starts a new sheet, so hiding one moves
+# nothing inside another: a print of the chapters that changed measures them as
+# the whole book would, in a fraction of the time (print_pdf). Returns how many
+# pages of the book are shown.
+ONLY = """(ids) => {
+  const roots = Array.from(document.querySelectorAll('section.course-chapter-start'));
+  const intro = Array.from(document.querySelectorAll(
+    '.bd-article > section > :not(.toctree-wrapper), #jb-print-docs-body'));
+  const shown = new Set(ids === null ? roots.concat(intro) : []);
+  (ids || []).forEach(id => {
+    let root = document.getElementById(id).closest('section.course-chapter-start');
+    if (!root) intro.forEach(e => shown.add(e));
+    for (; root; root = root.parentElement.closest('section.course-chapter-start')) {
+      shown.add(root);
+    }
+  });
+  roots.concat(intro).forEach(e => {
+    if (shown.has(e)) e.style.removeProperty('display');
+    else e.style.setProperty('display', 'none', 'important');
+  });
+  return {pages: roots.filter(e => shown.has(e)).length, intro: shown.has(intro[0])};
+}"""
+
+
 class _Quiet(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):
         pass
@@ -634,6 +664,15 @@ def boxes_to_move(data: bytes, scans: list[dict], boxes: list[dict]) -> tuple[li
     return move, left
 
 
+def entry_lengths(pages: list[int | None], total: int) -> dict[int, int]:
+    """How many pages each printed entry of ``pages`` (its start page, None where
+    it is not printed) takes up to the next printed one, or to the end of the
+    ``total`` pages: {index in pages: pages}."""
+    shown = [(i, page) for i, page in enumerate(pages) if page is not None]
+    ends = [page for _, page in shown[1:]] + [total + 1]
+    return {i: end - page for (i, page), end in zip(shown, ends, strict=True)}
+
+
 def figures_to_fit(data: bytes, scans: list[dict], figures: list[dict], chapters: list[str],
                    heights: dict[str, float], tries: dict[str, int], deferred: set[str],
                    ) -> tuple[list[tuple[str, float]], list[tuple[str, float, float]], list[int]]:
@@ -784,25 +823,41 @@ def print_pdf(html: Path, pdf: Path) -> dict:
             # printed smaller, to fill that page; what it moves up is measured
             # again in the next print.
             chapters = [item["target"] for item in layout["outline"]]
+
+            def image_heights() -> dict[str, float]:
+                """Each figure's image height now (CSS px; 0 where it is hidden)."""
+                return page.evaluate(
+                    "(ids) => Object.fromEntries(ids.map(id => [id, Math.max(0, ...Array"
+                    ".from(document.getElementById(id).querySelectorAll('img'))"
+                    ".map(i => i.getBoundingClientRect().height))]))",
+                    [figure["target"] for figure in layout["figures"]],
+                )
+
             moved: list[str] = []
             left: list[int] = []
             blank: list[int] = []
             shrunk: dict[str, float] = {}
             tries: dict[str, int] = {}
             deferred: dict[str, int] = {}
+            # Pages of the book in each print after the first (ONLY); prints in all.
+            partial: list[int] = []
+            prints = 0
+            # How many pages each entry of the contents takes, up to the next (-1:
+            # the cover, the contents and the introduction), as last printed: where
+            # the entries start once every change is made, without a print for it.
+            lengths: dict[int, int] = {}
             for attempt in range(ROUNDS + 1):
                 data = page.pdf(**options)
+                prints += 1
                 scans = scan_pages(data)
+                shown = destination_pages(data, targets)
+                if not partial or partial[-1]["intro"]:
+                    lengths[-1] = next((p for p in shown if p is not None), len(scans) + 1) - 1
+                lengths.update(entry_lengths(shown, len(scans)))
                 move, left = boxes_to_move(data, scans, layout["boxes"])
                 move = [target for target in move if target not in moved]
-                heights = page.evaluate(
-                    "(ids) => Object.fromEntries(ids.map(id => [id, Math.max(...Array.from("
-                    "document.getElementById(id).querySelectorAll('img'))"
-                    ".map(i => i.getBoundingClientRect().height))]))",
-                    [figure["target"] for figure in layout["figures"]],
-                )
                 fit, defer, blank = figures_to_fit(data, scans, layout["figures"], chapters,
-                                                   heights, tries, set(deferred))
+                                                   image_heights(), tries, set(deferred))
                 if (not move and not fit and not defer) or attempt == ROUNDS:
                     break
                 if move:
@@ -814,15 +869,39 @@ def print_pdf(html: Path, pdf: Path) -> dict:
                     tries[item["target"]] = tries.get(item["target"], 0) + 1
                 for target, room, need in defer:
                     deferred[target] = page.evaluate(DEFER, [target, room, need])
+                # The next print: only the pages of the book changed in this one.
+                changed = move + [target for target, _ in fit]
+                changed += [target for target, _, _ in defer]
+                partial.append(page.evaluate(ONLY, changed))
+            # Where each entry starts: the pages before it, added up. The print with
+            # these numbers in the contents tells whether they are right (a nested
+            # page of the book, printed with its parent, can make the sum wrong);
+            # where not, the numbers it shows are written in and printed again.
+            first = [1 + sum(lengths[j] for j in range(-1, i)) for i in range(len(targets))]
+            page.evaluate(ONLY, None)
+            for _ in range(2):
+                page.evaluate(NUMBER, first)
+                data = page.pdf(**options)
+                prints += 1
+                second = destination_pages(data, targets)
+                if second == first:
+                    break
+                first, second = second, first
+            if first != second:
+                raise SystemExit(f"the contents' page numbers moved: {second} then {first}")
+            if partial:
+                # The whole book, measured as it is printed.
+                scans = scan_pages(data)
+                move, left = boxes_to_move(data, scans, layout["boxes"])
+                fit, defer, blank = figures_to_fit(data, scans, layout["figures"], chapters,
+                                                   image_heights(), tries, set(deferred))
+                if [target for target in move if target not in moved] or fit or defer:
+                    print("the whole book's print asks for changes that the prints of its"
+                          " chapters did not:", move, fit, defer, file=sys.stderr)
             layout["moved"], layout["feet_left"] = len(moved), left
             layout["figures_shrunk"], layout["blank_left"] = shrunk, blank
             layout["figures_deferred"] = {k: v for k, v in deferred.items() if v}
-            first = destination_pages(data, targets)
-            page.evaluate(NUMBER, first)
-            data = page.pdf(**options)
-            second = destination_pages(data, targets)
-            if first != second:
-                raise SystemExit(f"the contents' page numbers moved: {first} then {second}")
+            layout["prints"], layout["partial"] = prints, [p["pages"] for p in partial]
             for entry, number in zip(layout["entries"], second, strict=True):
                 entry["page"] = number
             pdf.parent.mkdir(parents=True, exist_ok=True)
@@ -856,6 +935,9 @@ def main(argv: list[str] | None = None) -> int:
           f" in an empty stretch")
     print(f"{layout['solutions']} solutions (with {layout['answer_cells']} cells of worked"
           f" answers) in the appendix; {layout['api_entries']} API entries printed compact")
+    print(f"{layout['prints']} prints: the whole book; only the pages of the book that"
+          " changed (" + (", ".join(map(str, layout["partial"])) or "none") + ");"
+          " the whole book with the contents' page numbers")
     if layout["figures_shrunk"]:
         print(f"{len(layout['figures_shrunk'])} figures printed smaller to fill the page before"
               " them (height, of its print size): " + ", ".join(

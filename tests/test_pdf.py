@@ -347,6 +347,23 @@ def test_contents_show_the_page_of_each_chapter(pdf_text):
             f"the contents say page {number} for {title!r}, its bookmark {tops.get(squash(title))}")
 
 
+def test_entry_lengths_add_up_to_where_each_entry_starts():
+    """make_pdf.py writes the contents' numbers from the pages each page of the book
+    took when last printed, some prints showing only the pages that changed."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_pdf", ROOT / "_ext" / "make_pdf.py")
+    make_pdf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_pdf)
+    # A whole print: 4 pages before the first entry, then entries of 3, 5 and 2 pages.
+    whole = make_pdf.entry_lengths([5, 8, 13], 14)
+    assert whole == {0: 3, 1: 5, 2: 2}
+    # A print of entry 1 only (the others hidden), now 7 pages long.
+    assert make_pdf.entry_lengths([None, 1, None], 7) == {1: 7}
+    # A print of entries 0 and 2, each with a page more.
+    assert make_pdf.entry_lengths([1, None, 5], 7) == {0: 4, 2: 3}
+
+
 def test_title_page_has_version_date_and_authors(pdf_text):
     reader, _, _ = pdf_text
     cover = normalise(reader.pages[0].extract_text() or "")
