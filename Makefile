@@ -50,8 +50,7 @@ pdf: $(STAMP)
 
 # --durations: the slowest tests, in every CI log, for the next decision on CI time
 # (issue 25, item 7: under 15 minutes on a quiet machine). --dist loadfile hands a
-# worker a file whole, longest first, but each learner notebook's run is a unit of
-# its own (tests/conftest.py), so that the workers share them. Three workers on two
+# worker a file whole, longest first (tests/conftest.py). Three workers on two
 # cores: a run with two kept the cores busy only about two thirds of the time (22 min
 # of user CPU in 17.7 min of wall clock), because the browser, PDF and notebook tests
 # wait on Chromium and on kernels; a third worker fills those waits.

@@ -25,7 +25,8 @@ small enough to keep in the repository, where Colab opens them
 writes them (``python _ext/learner_notebooks.py``); tests/test_learner_notebooks.py
 checks that the committed copies are up to date, that no answer is left in a
 learner notebook, and that each runs top to bottom with only the exercises'
-checks failing. The book itself is built from ``chapters/`` and does not change;
+checks failing (its exercises section run there, the chapter before it by
+nbval). The book itself is built from ``chapters/`` and does not change;
 _ext/course_downloads.py puts the same notebooks in the built book (download
 button, notebooks.zip) and points the Colab button at them.
 """

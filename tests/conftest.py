@@ -1,20 +1,17 @@
 """pytest hooks for the whole run: the order in which xdist hands out the files, and
 OpenMP threads that sleep while they wait.
 
-``make test`` runs ``pytest -n 2 --dist loadfile``: each file (each notebook under
-nbval) goes whole to one of two workers, which asks for the next file when it is
-nearly done. xdist's own order is by number of tests, so the few long files with
-few tests (the PDF, the wheel and the Colab environment: 17, 3 and 1 tests) came
-last, and one worker ran them while the other had nothing left. Longest first
-keeps both busy to the end (issue 25, item 7). The order of the tests inside a
+``make test`` runs ``pytest -n 3 --dist loadfile`` (TEST_WORKERS): each file (each
+notebook under nbval) goes whole to one of the workers, which asks for the next
+file when it is nearly done. xdist's own order is by number of tests, so the few
+long files with few tests (the PDF, the wheel and the Colab environment: 17, 3 and
+1 tests) came last, and one worker ran them while the others had nothing left. Longest first
+keeps them busy to the end (issue 25, item 7). The order of the tests inside a
 file is kept (nbval runs a notebook's cells in order, module fixtures build once).
 
-One file is not one unit of work: tests/test_learner_notebooks.py runs every
-learner notebook top to bottom, about as long as the chapters' own runs (400 s
-in a CI run on 2 cores, 169 s of them chapter 13's), all on one worker. Each of
-those runs (SPLIT) is a unit of its own, scheduled as long as its chapter, so
-that the two workers share them; the file's other tests stay one unit. Each run
-starts its own kernel and shares no costly fixture.
+The learner notebooks' runs (tests/test_learner_notebooks.py) once took as long
+as the chapters' own runs and were scheduled one by one; they now run only the
+exercises sections, a few seconds each, and the file is one unit like the others.
 
 A file's expected cost is its entry in ``SECONDS``, or else a tenth of a second a
 test (a notebook's kernel start added). Only the order depends on these numbers:
@@ -49,7 +46,8 @@ SECONDS = {
     "tests/test_pdf.py": 380,  # the single-page build, Chromium's prints, the page scans
     "tests/test_book.py": 250,  # the HTML build, then 53 pages x 3-4 modes, 4 at a time
     "chapters/13_beyond_full_attention.ipynb": 160,
-    "tests/test_bench.py": 90,  # memory under torch.profiler, a whole --quick run
+    "tests/test_bench.py": 90,
+    "tests/test_learner_notebooks.py": 45,  # 13 kernels, each running a section  # memory under torch.profiler, a whole --quick run
     "tests/test_wheel.py": 90,  # a wheel, a fresh venv, chapters 11 and 12 whole
     "tests/test_colab.py": 60,  # a fresh venv, pip install from a clone, chapter 1
     "tests/test_explorer.py": 60,  # models trained, pages in Chromium
@@ -76,23 +74,14 @@ SECONDS = {
 KERNEL_SECONDS = 5.0
 SECONDS_PER_TEST = 0.1
 
-#: Tests each of which is a unit of work of its own (by its name without the
-#: parameters): a learner notebook's run, as long as its chapter's (``cost``).
-SPLIT = ("tests/test_learner_notebooks.py::"
-         "test_a_learner_notebook_runs_with_only_the_exercise_checks_failing[",)
-
 
 def work_unit(nodeid: str) -> str:
-    """What xdist hands to a worker whole: the test's file, or the test itself if
-    it is one of SPLIT."""
-    return nodeid if nodeid.startswith(SPLIT) else nodeid.split("::", 1)[0]
+    """What xdist hands to a worker whole: the test's file."""
+    return nodeid.split("::", 1)[0]
 
 
 def cost(unit: str, tests: int) -> float:
     """A unit's expected seconds on a quiet 2-core machine (only the order uses it)."""
-    if unit.startswith(SPLIT):  # a learner notebook runs what its chapter runs
-        unit = f"chapters/{unit.rsplit('[', 1)[1].rstrip(']')}.ipynb"
-        tests = 0
     kernel = KERNEL_SECONDS if unit.endswith(".ipynb") else 0.0
     return SECONDS.get(unit, kernel + tests * SECONDS_PER_TEST)
 
@@ -101,22 +90,6 @@ def pytest_configure(config):
     # xdist would sort the units by number of tests, undoing the order below.
     if getattr(config.option, "dist", "no") in {"loadfile", "loadscope", "loadgroup"}:
         config.option.loadscopereorder = False
-
-
-@pytest.hookimpl(tryfirst=True, optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadfile`` with work_unit's units: a file, or a test of SPLIT.
-    (tryfirst: xdist's own hook would answer first; optionalhook: a run without
-    xdist, ``-p no:xdist``, knows no such hook.)"""
-    if config.getvalue("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadFileScheduling
-
-    class Scheduling(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return work_unit(nodeid)
-
-    return Scheduling(config, log)
 
 
 @pytest.hookimpl(trylast=True)
