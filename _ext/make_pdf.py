@@ -476,7 +476,7 @@ DEFER = """([id, room, need]) => {
 # every page again. Each page of the book starts a new sheet, so hiding one moves
 # nothing inside another: a print of the chapters that changed measures them as
 # the whole book would, in a fraction of the time (print_pdf). Returns how many
-# pages of the book are shown.
+# pages of the book are shown (``pages``) and whether the introduction is (``intro``).
 ONLY = """(ids) => {
   const roots = Array.from(document.querySelectorAll('section.course-chapter-start'));
   const intro = Array.from(document.querySelectorAll(
@@ -815,8 +815,6 @@ def print_pdf(html: Path, pdf: Path) -> dict:
                 ),
             )
             targets = [entry["target"] for entry in layout["entries"]]
-            # First print: where each chapter starts. The numbers go into boxes
-            # of fixed width, so the second print has the same pages.
             # A box that ends a page in an empty stretch (its next lines did not
             # fit, two blank lines of code before them) starts on the next page.
             # A figure that leaves more than half of the page before it blank is
@@ -839,8 +837,8 @@ def print_pdf(html: Path, pdf: Path) -> dict:
             shrunk: dict[str, float] = {}
             tries: dict[str, int] = {}
             deferred: dict[str, int] = {}
-            # Pages of the book in each print after the first (ONLY); prints in all.
-            partial: list[int] = []
+            # What each print after the first showed (ONLY's answer); prints in all.
+            partial: list[dict] = []
             prints = 0
             # How many pages each entry of the contents takes, up to the next (-1:
             # the cover, the contents and the introduction), as last printed: where
@@ -851,6 +849,8 @@ def print_pdf(html: Path, pdf: Path) -> dict:
                 prints += 1
                 scans = scan_pages(data)
                 shown = destination_pages(data, targets)
+                if not partial:  # the whole book: entries it does not print get no number
+                    missing = {i for i, number in enumerate(shown) if number is None}
                 if not partial or partial[-1]["intro"]:
                     lengths[-1] = next((p for p in shown if p is not None), len(scans) + 1) - 1
                 lengths.update(entry_lengths(shown, len(scans)))
@@ -858,7 +858,8 @@ def print_pdf(html: Path, pdf: Path) -> dict:
                 move = [target for target in move if target not in moved]
                 fit, defer, blank = figures_to_fit(data, scans, layout["figures"], chapters,
                                                    image_heights(), tries, set(deferred))
-                if (not move and not fit and not defer) or attempt == ROUNDS:
+                settled = not move and not fit and not defer
+                if settled or attempt == ROUNDS:
                     break
                 if move:
                     page.evaluate(MOVE, move)
@@ -873,11 +874,14 @@ def print_pdf(html: Path, pdf: Path) -> dict:
                 changed = move + [target for target, _ in fit]
                 changed += [target for target, _, _ in defer]
                 partial.append(page.evaluate(ONLY, changed))
-            # Where each entry starts: the pages before it, added up. The print with
-            # these numbers in the contents tells whether they are right (a nested
-            # page of the book, printed with its parent, can make the sum wrong);
-            # where not, the numbers it shows are written in and printed again.
-            first = [1 + sum(lengths[j] for j in range(-1, i)) for i in range(len(targets))]
+            # Where each entry starts: the pages before it, added up, written into
+            # the contents' boxes (of fixed width: the numbers move nothing). The
+            # whole book's print with them shows whether they are right. They can be
+            # wrong only where a page of the book has content after the pages nested
+            # in it (printed with them when one of those changed): then the numbers
+            # that print shows are written in, and it is printed once more.
+            first = [None if i in missing else 1 + sum(lengths[j] for j in range(-1, i))
+                     for i in range(len(targets))]
             page.evaluate(ONLY, None)
             for _ in range(2):
                 page.evaluate(NUMBER, first)
@@ -886,18 +890,22 @@ def print_pdf(html: Path, pdf: Path) -> dict:
                 second = destination_pages(data, targets)
                 if second == first:
                     break
+                print(f"the contents' numbers added up, {first}, are not where the entries"
+                      f" start, {second}: printed again with these", file=sys.stderr)
                 first, second = second, first
             if first != second:
                 raise SystemExit(f"the contents' page numbers moved: {second} then {first}")
             if partial:
-                # The whole book, measured as it is printed.
+                # The whole book, measured as it is printed: as its pages were.
                 scans = scan_pages(data)
                 move, left = boxes_to_move(data, scans, layout["boxes"])
                 fit, defer, blank = figures_to_fit(data, scans, layout["figures"], chapters,
                                                    image_heights(), tries, set(deferred))
-                if [target for target in move if target not in moved] or fit or defer:
-                    print("the whole book's print asks for changes that the prints of its"
-                          " chapters did not:", move, fit, defer, file=sys.stderr)
+                move = [target for target in move if target not in moved]
+                if settled and (move or fit or defer):
+                    raise SystemExit(
+                        "the whole book's print asks for changes that the prints of its pages"
+                        f" did not ({move}, {fit}, {defer}): a page of the book moved another")
             layout["moved"], layout["feet_left"] = len(moved), left
             layout["figures_shrunk"], layout["blank_left"] = shrunk, blank
             layout["figures_deferred"] = {k: v for k, v in deferred.items() if v}

@@ -46,8 +46,8 @@ SECONDS = {
     "tests/test_pdf.py": 380,  # the single-page build, Chromium's prints, the page scans
     "tests/test_book.py": 250,  # the HTML build, then 53 pages x 3-4 modes, 4 at a time
     "chapters/13_beyond_full_attention.ipynb": 160,
-    "tests/test_bench.py": 90,
-    "tests/test_learner_notebooks.py": 45,  # 13 kernels, each running a section  # memory under torch.profiler, a whole --quick run
+    "tests/test_bench.py": 90,  # memory under torch.profiler, a whole --quick run
+    "tests/test_learner_notebooks.py": 45,  # 13 kernels, each running a section
     "tests/test_wheel.py": 90,  # a wheel, a fresh venv, chapters 11 and 12 whole
     "tests/test_colab.py": 60,  # a fresh venv, pip install from a clone, chapter 1
     "tests/test_explorer.py": 60,  # models trained, pages in Chromium

@@ -134,38 +134,44 @@ EXERCISE_HEADING = re.compile(r"^### Exercise \d+\.\d+", re.M)
 
 
 def names_of(source: str) -> tuple[set[str], set[str]]:
-    """The names a code cell binds and the names it reads from outside itself (its
-    IPython magics and shell lines left out)."""
+    """The names a code cell binds at the notebook's top level, and those it reads
+    from there (inside its functions and comprehensions too). IPython's syntax
+    (magics, ``!`` lines) is turned into Python first, as the kernel does."""
     import ast
-    import builtins
+    import symtable
 
-    code = "\n".join(line for line in source.splitlines()
-                     if not line.lstrip().startswith(("%", "!")))
-    bound, read = set(), set()
-    for node in ast.walk(ast.parse(code)):
-        if isinstance(node, ast.Name):
-            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bound.add(node.name)
-        elif isinstance(node, ast.arg):
-            bound.add(node.arg)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            bound |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            bound.add(node.name)
-    return bound, read - bound - set(dir(builtins))
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    code = TransformerManager().transform_cell(source)
+    top = symtable.symtable(code, "<cell>", "exec")
+    bound = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
+    read = {s.get_name() for s in top.get_symbols() if s.is_referenced()}
+    # x += 1 reads x: symtable counts it as an assignment only.
+    read |= {node.target.id for node in ast.walk(ast.parse(code))
+             if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name)}
+    tables = list(top.get_children())
+    while tables:  # what a function, class or comprehension reads from the top level
+        table = tables.pop()
+        read |= {s.get_name() for s in table.get_symbols() if s.is_global() and s.is_referenced()}
+        tables += table.get_children()
+    return bound, read
 
 
 def exercise_run(learner: nbformat.NotebookNode) -> list[int]:
-    """The code cells (indices) of a learner notebook that its exercises section
-    needs: the setup cell, every cell of the section, and before the section the
-    last cell to bind each name that a chosen cell reads, and so on back (the
+    """The code cells (indices) of a learner notebook to run for its exercises
+    section: the setup and settings cells (the first two), every cell of the
+    section, the cells before it that a test run of the chapter does not take
+    (``gpu`` cells, skipped by nbval on a CPU; cells that read the notebook's
+    own file, which nbval runs beside the chapter and its outputs), and before
+    each of these the last cell to bind each name it reads, and so on back (the
     imports, and chapter 11's Triton cell), in the notebook's order."""
     start = next(i for i, c in enumerate(learner.cells)
                  if c.cell_type == "markdown" and EXERCISE_HEADING.search(c.source))
     code = [i for i, c in enumerate(learner.cells) if c.cell_type == "code"]
     names = {i: names_of(learner.cells[i].source) for i in code}
-    chosen = {code[0]} | {i for i in code if i > start}
+    chosen = set(code[:2]) | {i for i in code if i > start} | {
+        i for i in code if "gpu" in learner.cells[i].metadata.get("tags", [])
+        or ".ipynb" in learner.cells[i].source}
     wanted = [(i, name) for i in chosen for name in names[i][1]]
     while wanted:
         reader, name = wanted.pop()
@@ -184,12 +190,14 @@ def test_a_learner_notebook_runs_with_only_the_exercise_checks_failing(chapter, 
 
     Run here in two parts, so that CI does not run each chapter twice (issue 25,
     item 7: that took a quarter of its CPU time). Up to its exercises section a
-    learner notebook is its chapter, code cell for code cell (asserted below), and
-    nbval runs the chapter top to bottom in every test run. What the chapter's
-    run does not show is whether the section runs without the solutions between
-    its cells: that runs here in a fresh kernel, after the setup cell and the
-    cells before the section that bind what it reads (exercise_run; the sections
-    read only imports, and chapter 11's reads its Triton cell)."""
+    learner notebook is its chapter, code cell for code cell (asserted below),
+    and nbval runs the chapter's cells in every test run. What that run does not
+    show runs here in a fresh kernel (exercise_run): the section without the
+    solutions between its cells, and the cells before it that nbval skips or runs
+    otherwise (``gpu`` cells, which take their no-GPU path here; cells that read
+    the notebook's own file, which here has no outputs), each after the cells
+    that bind what it reads (the sections read only the setup and imports, and
+    chapter 11's its Triton cell)."""
     from nbclient import NotebookClient
 
     source = nbformat.read(chapter, as_version=4)
@@ -225,15 +233,20 @@ def test_a_learner_notebook_runs_with_only_the_exercise_checks_failing(chapter, 
 
 
 def test_exercise_run_follows_what_the_section_reads():
-    """exercise_run takes the cells that bind what the section reads, and their
-    own sources, back to the first cell; not the rest of the chapter."""
+    """exercise_run takes the cells that bind what the section (and a gpu cell)
+    reads, and what those read, back to the first cell; not the rest."""
+    gpu = nbformat.v4.new_code_cell("count += 1")
+    gpu.metadata["tags"] = ["gpu"]
     cells = [nbformat.v4.new_code_cell("# setup"),
              nbformat.v4.new_code_cell("import torch\nimport math"),
              nbformat.v4.new_code_cell("big = torch.ones(3)\nslow = train()"),
              nbformat.v4.new_code_cell("scale = math.sqrt(big.numel())"),
              nbformat.v4.new_code_cell("unused = slow + 1"),
+             nbformat.v4.new_code_cell("def helper(scale):\n    return scale"),
+             nbformat.v4.new_code_cell("count = 0"),
+             gpu,
              nbformat.v4.new_markdown_cell("### Exercise 1.1: Scale\n\nDo it."),
-             nbformat.v4.new_code_cell("def my_scale(x):\n    return x * scale"),
+             nbformat.v4.new_code_cell("%time\ndef my_scale(x):\n    return x * scale"),
              nbformat.v4.new_code_cell("check(my_scale)")]
     notebook = nbformat.v4.new_notebook(cells=cells)
-    assert exercise_run(notebook) == [0, 1, 2, 3, 6, 7]
+    assert exercise_run(notebook) == [0, 1, 2, 3, 6, 7, 9, 10]
