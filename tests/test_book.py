@@ -41,6 +41,11 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
+# The browser of the tests resolves no host but this machine: a page that asks for
+# anything from the network gets an error, as a reader offline would (probe_page
+# records each such request).
+OFFLINE = "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"
+CHROMIUM_ARGS.append(OFFLINE)
 
 
 def toc_pages() -> list[str]:
@@ -511,15 +516,12 @@ async def probe_page(browser, url: str, mode: str) -> dict:
     try:
         page = await context.new_page()
 
-        async def route(r):
-            host = urlparse(r.request.url).hostname
-            if r.request.url.startswith(("data:", "blob:")) or host == "127.0.0.1":
-                await r.continue_()
-            else:
-                problems["external"].append(r.request.url)
-                await r.abort()
-
-        await page.route("**/*", route)
+        # A request off this machine is recorded, and fails: Chromium resolves no
+        # other host (OFFLINE). Not page.route: a round trip to Python for each of a
+        # page's requests cost a third of the probe's CPU.
+        page.on("request", lambda r: None if r.url.startswith(("data:", "blob:"))
+                or urlparse(r.url).hostname == "127.0.0.1"
+                else problems["external"].append(r.url))
         page.on("console",
                 lambda m: problems["console"].append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: problems["page_errors"].append(str(e)))
