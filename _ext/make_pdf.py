@@ -844,12 +844,13 @@ def print_pdf(html: Path, pdf: Path) -> dict:
             # the cover, the contents and the introduction), as last printed: where
             # the entries start once every change is made, without a print for it.
             lengths: dict[int, int] = {}
+            missing: set[int] = set()  # entries the whole book does not print: no number
             for attempt in range(ROUNDS + 1):
                 data = page.pdf(**options)
                 prints += 1
                 scans = scan_pages(data)
                 shown = destination_pages(data, targets)
-                if not partial:  # the whole book: entries it does not print get no number
+                if not partial:
                     missing = {i for i, number in enumerate(shown) if number is None}
                 if not partial or partial[-1]["intro"]:
                     lengths[-1] = next((p for p in shown if p is not None), len(scans) + 1) - 1
@@ -880,21 +881,22 @@ def print_pdf(html: Path, pdf: Path) -> dict:
             # wrong only where a page of the book has content after the pages nested
             # in it (printed with them when one of those changed): then the numbers
             # that print shows are written in, and it is printed once more.
-            first = [None if i in missing else 1 + sum(lengths[j] for j in range(-1, i))
-                     for i in range(len(targets))]
+            written = [None if i in missing else 1 + sum(lengths[j] for j in range(-1, i))
+                       for i in range(len(targets))]
             page.evaluate(ONLY, None)
-            for _ in range(2):
-                page.evaluate(NUMBER, first)
+            page.evaluate(NUMBER, written)
+            data = page.pdf(**options)
+            prints += 1
+            second = destination_pages(data, targets)
+            if second != written:
+                print(f"the contents' numbers added up, {written}, are not where the entries"
+                      f" start, {second}: printed again with these", file=sys.stderr)
+                page.evaluate(NUMBER, second)
                 data = page.pdf(**options)
                 prints += 1
-                second = destination_pages(data, targets)
-                if second == first:
-                    break
-                print(f"the contents' numbers added up, {first}, are not where the entries"
-                      f" start, {second}: printed again with these", file=sys.stderr)
-                first, second = second, first
-            if first != second:
-                raise SystemExit(f"the contents' page numbers moved: {second} then {first}")
+                if destination_pages(data, targets) != second:
+                    raise SystemExit(f"the contents' page numbers moved: {second} then "
+                                     f"{destination_pages(data, targets)}")
             if partial:
                 # The whole book, measured as it is printed: as its pages were.
                 scans = scan_pages(data)

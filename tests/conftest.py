@@ -5,8 +5,8 @@ OpenMP threads that sleep while they wait.
 notebook under nbval) goes whole to one of the workers, which asks for the next
 file when it is nearly done. xdist's own order is by number of tests, so the few
 long files with few tests (the PDF, the wheel and the Colab environment: 17, 3 and
-1 tests) came last, and one worker ran them while the others had nothing left. Longest first
-keeps them busy to the end (issue 25, item 7). The order of the tests inside a
+1 tests) came last, and one worker ran them while the others had nothing left.
+Longest first keeps them busy to the end (issue 25, item 7). The order of the tests inside a
 file is kept (nbval runs a notebook's cells in order, module fixtures build once).
 
 The learner notebooks' runs (tests/test_learner_notebooks.py) once took as long

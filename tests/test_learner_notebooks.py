@@ -157,6 +157,14 @@ def names_of(source: str) -> tuple[set[str], set[str]]:
     return bound, read
 
 
+def section_start(nb: nbformat.NotebookNode, marker: re.Pattern) -> int:
+    """The index of the first markdown cell where ``marker`` is found: where the
+    exercises section starts ("### Exercise 3.1" in a learner notebook,
+    ``{exercise}`` in a chapter)."""
+    return next(i for i, c in enumerate(nb.cells)
+                if c.cell_type == "markdown" and marker.search(c.source))
+
+
 def exercise_run(learner: nbformat.NotebookNode) -> list[int]:
     """The code cells (indices) of a learner notebook to run for its exercises
     section: the setup and settings cells (the first two), every cell of the
@@ -165,8 +173,7 @@ def exercise_run(learner: nbformat.NotebookNode) -> list[int]:
     own file, which nbval runs beside the chapter and its outputs), and before
     each of these the last cell to bind each name it reads, and so on back (the
     imports, and chapter 11's Triton cell), in the notebook's order."""
-    start = next(i for i, c in enumerate(learner.cells)
-                 if c.cell_type == "markdown" and EXERCISE_HEADING.search(c.source))
+    start = section_start(learner, EXERCISE_HEADING)
     code = [i for i, c in enumerate(learner.cells) if c.cell_type == "code"]
     names = {i: names_of(learner.cells[i].source) for i in code}
     chosen = set(code[:2]) | {i for i in code if i > start} | {
@@ -203,10 +210,8 @@ def test_a_learner_notebook_runs_with_only_the_exercise_checks_failing(chapter, 
     source = nbformat.read(chapter, as_version=4)
     learner = nbformat.reads(made[chapter.name], as_version=4)
     run = exercise_run(learner)
-    start = next(i for i, c in enumerate(learner.cells)
-                 if c.cell_type == "markdown" and EXERCISE_HEADING.search(c.source))
-    first = next(i for i, c in enumerate(source.cells)
-                 if c.cell_type == "markdown" and "{exercise}" in c.source)
+    start = section_start(learner, EXERCISE_HEADING)
+    first = section_start(source, EXERCISE_TITLE)
 
     def body(nb, end):
         return [(c.source, c.metadata.get("tags", [])) for c in nb.cells[:end]
